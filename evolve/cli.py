@@ -1,0 +1,18 @@
+"""The `evolve` command: one typer app; each package mounts its own sub-app here.
+
+Sub-app modules keep their top-level imports light (torch, chromadb, vLLM are imported
+inside the commands), so `evolve --help` stays fast.
+"""
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(help="Evolve: a memory-centric, self-evolving agent runtime.", no_args_is_help=True)
+
+
+@app.callback()
+def main() -> None:
+    """Evolve: a memory-centric, self-evolving agent runtime with a continual-training loop."""
+
+
+# Sub-apps are registered below, one line each, as packages add them.

@@ -1,0 +1,1 @@
+"""Policy engines behind one interface (see base.py)."""
