@@ -1,0 +1,169 @@
+"""`evolve cycle`: lock → mine → build experience → train → gate (promote | reject) → consolidate → report.
+
+Each stage's result is persisted in the cycle's folder (`state.json`, written atomically) before
+the next one starts, so a cycle killed at any point resumes where it stopped when rerun: a stage
+marked done is never redone, and a stage that was interrupted is redone in a way that is safe to
+repeat (mining writes items under deterministic keys, promotion checks the registry first).
+The trajectory cursor ("mined up to here") advances only when a whole cycle finishes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from evolve.gate import GateConfig
+from evolve.lock import CycleLock
+from evolve.report import write_json
+
+STAGES = ("mine", "experience", "train", "gate", "consolidate", "report")
+FAULT_ENV = "EVOLVE_CYCLE_FAULT"  # "<stage>": SIGKILL this process in the middle of that stage
+
+
+@dataclass
+class CycleConfig:
+    data_dir: str = "runs/evolve"       # the service's data folder: memory ledger, policies, cycles
+    domain: str = "retail"
+    tenants: tuple[str, ...] = ()       # () = every tenant in the trajectory log
+    seed: int = 0
+    # training
+    preset: str = "small"               # cold-start preset (training.coldstart)
+    rl_steps: int = 30
+    sft_epochs: int = 3
+    replay_share: float = 0.25          # share of older-rule tasks replayed during training
+    corrupt_rewards: bool = False       # test hook for the gate: train on flipped rewards
+    # gate
+    gate_tasks: int = 24                # tasks per slice
+    gate_seeds: int = 1
+    alpha: float = 0.05
+    tolerance: float = 0.03
+    min_improvement: float = 0.0
+    # consolidation
+    consolidate_tasks: int = 8          # tasks per memory item when testing "handled without memory"
+    dry_run: bool = False
+
+    def gate_config(self) -> GateConfig:
+        return GateConfig(alpha=self.alpha, tolerance=self.tolerance,
+                          min_improvement=self.min_improvement, seed=self.seed)
+
+
+@dataclass
+class CycleState:
+    cycle_id: str
+    started_at: float
+    status: str = "running"             # running | done
+    outcome: str = ""                   # promoted | rejected | nothing-to-learn
+    after_cursor: Any = None            # trajectory-log cursor this cycle mines after
+    stages: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> "CycleState":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def save(self, path: Path) -> None:
+        write_json(path, asdict(self))
+
+
+class CycleContext:
+    """What a stage sees: config, its cycle folder, earlier stages' outputs, the fault hook."""
+
+    def __init__(self, cfg: CycleConfig, state: CycleState, cycle_dir: Path):
+        self.cfg = cfg
+        self.state = state
+        self.dir = cycle_dir
+        self.data_dir = Path(cfg.data_dir)
+        self.cache: dict[str, Any] = {}  # in-process objects shared across stages (engines, memory)
+
+    def output(self, stage: str) -> dict:
+        return self.state.stages.get(stage, {}).get("output", {})
+
+    def fault_point(self, stage: str) -> None:
+        """Fault injection for the resume tests: die here, mid-stage, as a real crash would."""
+        if os.environ.get(FAULT_ENV) == stage:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def cursor_path(data_dir: Path) -> Path:
+    return Path(data_dir) / "cycles" / "cursor.json"
+
+
+def read_cursor(data_dir: Path) -> Any:
+    p = cursor_path(data_dir)
+    return json.loads(p.read_text())["cursor"] if p.exists() else None
+
+
+def _unfinished(cycles_dir: Path) -> Path | None:
+    for d in sorted(cycles_dir.glob("cycle-*")):
+        st = d / "state.json"
+        if st.exists() and CycleState.load(st).status != "done":
+            return d
+    return None
+
+
+def _new_cycle(cycles_dir: Path, data_dir: Path) -> tuple[Path, CycleState]:
+    n = len(list(cycles_dir.glob("cycle-*"))) + 1
+    cid = f"cycle-{n:04d}-{time.strftime('%Y%m%d-%H%M%S')}"
+    d = cycles_dir / cid
+    d.mkdir(parents=True)
+    state = CycleState(cycle_id=cid, started_at=time.time(), after_cursor=read_cursor(data_dir))
+    state.save(d / "state.json")
+    return d, state
+
+
+def default_stages() -> dict[str, Callable[[CycleContext], dict]]:
+    from evolve import stages
+    return {"mine": stages.mine, "experience": stages.experience, "train": stages.train,
+            "gate": stages.gate, "consolidate": stages.consolidate, "report": stages.report}
+
+
+def dry_run(cfg: CycleConfig) -> dict:
+    """What a cycle would do now, computed without writing anything."""
+    from evolve import stages
+    return stages.plan(cfg)
+
+
+def run_cycle(cfg: CycleConfig, stage_fns: dict[str, Callable[[CycleContext], dict]] | None = None,
+              log: Callable[[str], None] = print) -> CycleState:
+    """Run (or resume) one cycle under the lock and return its final state."""
+    if cfg.dry_run:
+        raise ValueError("use dry_run(cfg) for a dry run; run_cycle always writes")
+    fns = stage_fns or default_stages()
+    data_dir = Path(cfg.data_dir)
+    cycles_dir = data_dir / "cycles"
+    cycles_dir.mkdir(parents=True, exist_ok=True)
+    with CycleLock(cycles_dir / "cycle.lock") as lock:
+        if lock.recovered is not None:
+            log(f"recovered a stale cycle lock ({lock.recovered.describe()})")
+        d = _unfinished(cycles_dir)
+        if d is not None:
+            state = CycleState.load(d / "state.json")
+            log(f"resuming {state.cycle_id} (done: {[s for s in STAGES if state.stages.get(s, {}).get('status') == 'done']})")
+        else:
+            d, state = _new_cycle(cycles_dir, data_dir)
+            log(f"starting {state.cycle_id}")
+        ctx = CycleContext(cfg, state, d)
+        for name in STAGES:
+            rec = state.stages.setdefault(name, {"status": "pending", "attempts": 0})
+            if rec["status"] == "done":
+                continue
+            rec.update(status="running", attempts=rec["attempts"] + 1, started_at=time.time())
+            state.save(d / "state.json")
+            log(f"[{state.cycle_id}] {name} …")
+            out = fns[name](ctx)
+            rec.update(status="done", finished_at=time.time(), output=out)
+            if name == "gate":
+                state.outcome = out.get("outcome", state.outcome)
+            state.save(d / "state.json")
+            log(f"[{state.cycle_id}] {name} done: " + ", ".join(
+                f"{k}={v}" for k, v in out.items() if isinstance(v, (int, float, str, bool)))[:300])
+        # Advance the cursor only now: a crash before this line re-mines the same window,
+        # which the mining stage's deterministic keys make harmless.
+        new_cursor = ctx.output("mine").get("cursor", state.after_cursor)
+        write_json(cursor_path(data_dir), {"cursor": new_cursor, "cycle_id": state.cycle_id})
+        state.status = "done"
+        state.save(d / "state.json")
+        return state
