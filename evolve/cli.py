@@ -15,4 +15,11 @@ def main() -> None:
     """Evolve: a memory-centric, self-evolving agent runtime with a continual-training loop."""
 
 
+from evolve import commands as _evolve_commands  # noqa: E402  (light: typer only)
+
+app.command("cycle")(_evolve_commands.cycle)
+app.command("demo")(_evolve_commands.demo)
+app.add_typer(_evolve_commands.simulate_app, name="simulate")
+
+
 # Sub-apps are registered below, one line each, as packages add them.
