@@ -1,1 +1,25 @@
-"""dynamic_bench package."""
+"""DriftBench: tool-using domains whose rules are code and change over an episode stream.
+
+Public API (see TEAM.md's contract):
+- `dynamic_bench.actions`: `parse_action(text, tools=None)`, `format_action(action)`,
+  `ToolCall`, `Reply`, `ActionError`, `ToolSpec`.
+- `make(env_id, **kw)`, `list_envs()`, `DriftEnv` (`reset(seed=, options=)`, `step(text)`,
+  `judge_action(text)`), `BENCH_VERSION`.
+- `generate_tasks(domain, n, seed, split, rule_version)`, `random_rule_tasks(...)`.
+- `make_stream(preset, domain, n_episodes, seed)`, `PRESETS`, `rule_change_notes(domain, old_v, new_v)`.
+- Agents: `OracleAgent(seed=)`, `StaleAgent`, `RandomAgent(seed=)`, `run_episode`, `run_stream`.
+- Metrics: `dynamic_bench.metrics`.
+
+Deviations from the contract: none in names. `parse_action` takes an optional second argument
+(the tool specs in force) to also check tool names, arguments and types; without it only
+the syntax is checked.
+"""
+from dynamic_bench.actions import ActionError, Reply, ToolCall, ToolSpec, format_action, parse_action
+from dynamic_bench.domains import DOMAINS, get_domain
+from dynamic_bench.env import BENCH_VERSION, DriftEnv, list_envs, make
+from dynamic_bench.personas import PERSONAS, Persona, get_persona
+from dynamic_bench.tasks import generate_tasks, random_rule_tasks
+
+__all__ = ["ActionError", "BENCH_VERSION", "DOMAINS", "DriftEnv", "PERSONAS", "Persona", "Reply", "ToolCall",
+           "ToolSpec", "format_action", "generate_tasks", "get_domain", "get_persona", "list_envs", "make",
+           "parse_action", "random_rule_tasks"]

@@ -1,0 +1,88 @@
+"""Seeded task generation with disjoint train/test splits.
+
+A task's params hold everything the env needs, hidden from the agent: the small database,
+the request, `rules` in force for this user, `prior_rules` (the versions in force for this
+user before, used to label stale violations), and `shown_rules`/`shown_version` (the policy
+the agent is shown: the same as `rules` unless a shift was silent). The split is decided by
+a hash of the task's facts with ids masked out, so a test task never repeats a train task's
+facts under other ids.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import zlib
+from typing import Any
+
+from dynamic_bench.domains import Domain, Rules, get_domain
+from dynamic_bench.personas import PERSONAS
+from dynamic_bench.schema import Task
+
+TEST_FRACTION = 5  # one task in five (by fact hash) is a test task
+CUSTOM_VERSION = 0  # Task.rule_version for rule values that are not a named version
+_IDS = re.compile(r"[A-Z]-\d+")
+
+
+def split_of(params: dict) -> str:
+    facts = _IDS.sub("#", json.dumps([params["kind"], params["db"]], sort_keys=True))
+    return "test" if zlib.crc32(facts.encode()) % TEST_FRACTION == 0 else "train"
+
+
+def resolve(domain: Domain, version: int | Rules) -> tuple[int, Rules]:
+    """(version number, rule dict) for a named version or a dict of rule values."""
+    if isinstance(version, dict):
+        return CUSTOM_VERSION, version
+    return version, domain.rules_for(version)
+
+
+def make_task(domain: str | Domain, rng: random.Random, *, user: dict | None = None,
+              rule_version: int | Rules = 1, split: str | None = "train", persona: str | None = None,
+              prior: list[tuple[int, Rules]] | None = None, shown: tuple[int, Rules] | None = None,
+              extra: dict[str, Any] | None = None) -> Task:
+    """One task. `split=None` accepts either split (streams draw from the train split)."""
+    d = get_domain(domain)
+    version, rules = resolve(d, rule_version)
+    user = user or d.sample_user(rng)
+    for _ in range(1000):
+        params = d.sample_params(rng, user)
+        if split is None or split_of(params) == split:
+            break
+    else:
+        raise RuntimeError(f"could not draw a {split} task for {d.name}")
+    if prior is None:  # standalone task: every named version before this one came first
+        prior = [(v, d.versions[v]) for v in sorted(d.versions) if version and v < version]
+    shown = shown or (version, rules)
+    params.update(rules=rules, prior_rules=[[v, r] for v, r in prior if r != rules],
+                  shown_version=shown[0], shown_rules=shown[1], **(extra or {}))
+    return Task(id=f"{d.name}-{split_of(params)}-{rng.getrandbits(48):012x}", domain=d.name,
+                instruction=d.instruction(params), persona=persona or rng.choice(sorted(PERSONAS)),
+                user_id=user["user_id"], rule_version=version, split=split_of(params), params=params,
+                gold_checks={})
+
+
+def complete_task(task: Task) -> Task:
+    """Fill the params a hand-made Task may lack (rules from its version, shown = in force)."""
+    p = task.params
+    if "rules" in p and "shown_rules" in p and "prior_rules" in p:
+        return task
+    d = get_domain(task.domain)
+    rules = p.get("rules") or d.rules_for(task.rule_version)
+    prior = [[v, d.versions[v]] for v in sorted(d.versions) if v < task.rule_version]
+    p = {**p, "rules": rules, "prior_rules": p.get("prior_rules", prior),
+         "shown_rules": p.get("shown_rules", rules), "shown_version": p.get("shown_version", task.rule_version)}
+    return task.model_copy(update={"params": p})
+
+
+def generate_tasks(domain: str | Domain, n: int, seed: int, split: str = "train",
+                   rule_version: int | Rules = 1, persona: str | None = None) -> list[Task]:
+    """`n` independent tasks under one rule version (an int, or a dict of rule values)."""
+    rng = random.Random(f"tasks/{get_domain(domain).name}/{seed}/{split}")
+    return [make_task(domain, rng, rule_version=rule_version, split=split, persona=persona) for _ in range(n)]
+
+
+def random_rule_tasks(domain: str | Domain, n: int, seed: int, split: str = "train") -> list[Task]:
+    """Tasks each under freshly drawn dense rule values (cold-start data that covers the value space)."""
+    d = get_domain(domain)
+    rng = random.Random(f"dense/{d.name}/{seed}/{split}")
+    return [make_task(d, rng, rule_version=d.random_rules(rng), split=split) for _ in range(n)]
