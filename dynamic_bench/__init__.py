@@ -19,7 +19,11 @@ from dynamic_bench.domains import DOMAINS, get_domain
 from dynamic_bench.env import BENCH_VERSION, DriftEnv, list_envs, make
 from dynamic_bench.personas import PERSONAS, Persona, get_persona
 from dynamic_bench.tasks import generate_tasks, random_rule_tasks
+from dynamic_bench.streams import PRESETS, Episode, Stream, load_schedule, make_stream, rule_change_notes
+from dynamic_bench.agents import AGENTS, Agent, OracleAgent, RandomAgent, StaleAgent, repeat_tasks, run_episode, run_stream
 
-__all__ = ["ActionError", "BENCH_VERSION", "DOMAINS", "DriftEnv", "PERSONAS", "Persona", "Reply", "ToolCall",
+__all__ = ["AGENTS", "Agent", "Episode", "OracleAgent", "PRESETS", "RandomAgent", "StaleAgent", "Stream",
+           "load_schedule", "make_stream", "repeat_tasks", "rule_change_notes", "run_episode", "run_stream",
+           "ActionError", "BENCH_VERSION", "DOMAINS", "DriftEnv", "PERSONAS", "Persona", "Reply", "ToolCall",
            "ToolSpec", "format_action", "generate_tasks", "get_domain", "get_persona", "list_envs", "make",
            "parse_action", "random_rule_tasks"]

@@ -10,6 +10,7 @@ grades it.
 from __future__ import annotations
 
 import random
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from dynamic_bench.actions import ToolCall, ToolSpec
 
 Rules = dict[str, Any]
+_FIELD = re.compile(r"\{(\w+)\}")
 State = dict[str, Any]
 
 
@@ -148,6 +150,6 @@ def tool_change_notes(old: ToolSet, new: ToolSet) -> list[str]:
             notes.append(f"{s.name} now needs argument {a}" + (f" ({'|'.join(dict(s.enums)[a])})"
                                                                 if a in dict(s.enums) else ""))
     for key, text in new.errors.items():
-        if old.errors.get(key) != text:
-            notes.append(f"error text changed: {text.split(':')[0]}")
+        if old.errors.get(key) != text and text:
+            notes.append("an error now reads: " + _FIELD.sub(lambda m: m.group(1).upper(), text))
     return notes

@@ -161,8 +161,8 @@ class Retail(Domain):
 
     def sample_params(self, rng: random.Random, user: dict) -> dict:
         oid = f"O-{rng.randint(1000, 9999)}"
-        order = {"item": rng.choice(ITEMS), "amount": rng.randint(5, 450), "days": rng.randint(1, 70),
-                 "status": "delivered" if rng.random() < 0.9 else rng.choice(["shipped", "refunded"])}
+        order = {"item": rng.choice(ITEMS), "amount": rng.randint(5, 300), "days": rng.randint(1, 50),
+                 "status": "delivered" if rng.random() < 0.93 else rng.choice(["shipped", "refunded"])}
         return {"kind": rng.choices(["refund", "exchange"], weights=(3, 1))[0], "order_id": oid,
                 "reason": rng.choice(REASONS), "user_id": user["user_id"],
                 "db": {"customer": dict(user), "orders": {oid: order}}}
