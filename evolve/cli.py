@@ -23,3 +23,6 @@ app.add_typer(_evolve_commands.simulate_app, name="simulate")
 
 
 # Sub-apps are registered below, one line each, as packages add them.
+from dynamic_bench.cli import app as bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")
