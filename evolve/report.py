@@ -80,18 +80,11 @@ def write_cycle_report(cycle_dir: Path, report: dict) -> dict[str, Path]:
     return paths
 
 
-def rolling(x: Sequence[float], window: int) -> np.ndarray:
-    """Trailing moving average (shorter window at the start)."""
-    x = np.asarray(x, dtype=float)
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    idx = np.arange(1, len(x) + 1)
-    lo = np.maximum(0, idx - window)
-    return (c[idx] - c[lo]) / (idx - lo)
-
-
 def plot_arms(path: Path, arms: dict[str, Sequence[float]], shifts: Sequence[int] = (),
               promotions: Sequence[int] = (), window: int = 10, title: str = "") -> Path:
     """Success over episodes (rolling mean) for each arm, shifts and promotions marked."""
+    from dynamic_bench.metrics import rolling
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 4))
     for name, ys in arms.items():

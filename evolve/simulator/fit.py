@@ -1,8 +1,11 @@
 """Fit persona parameters from logged feedback, and check the fit against the log.
 
 The parameters are those of DriftBench's personas (`dynamic_bench.personas`): for each action
-type × correctness cell, a distribution over the user's answer (approve / reject / edit /
-take over); plus patience in turns and how often the user volunteers information. The
+type (tool) × correctness cell, a distribution over the user's answer (approve / reject / edit
+/ take over); plus patience in turns and how often the user volunteers information
+(`evolve.simulator.persona.SimPersona`). Note what a log can identify: a DriftBench persona
+that "edits" a right action leaves it unchanged, which the log records as an approval, so for
+right actions only approve+edit together is identifiable. The
 maximum-likelihood estimate of a categorical cell is its empirical frequency, so the fit is
 counting; cells never observed fall back to the pooled distribution of the same correctness.
 Validation simulates one answer per logged judgement from the fitted persona and compares the
@@ -10,6 +13,7 @@ two samples per action type with a chi-square test of homogeneity and a permutat
 """
 from __future__ import annotations
 
+import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -17,7 +21,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from scipy.stats import chi2_contingency
 
-KINDS = ("approve", "reject", "edit", "takeover")
+from dynamic_bench.personas import DECISIONS as KINDS
+from dynamic_bench.personas import Persona
+from evolve.simulator.persona import SimPersona
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,11 @@ class FittedPersona:
 
     def cell(self, action_type: str, correct: bool) -> dict[str, float]:
         return self.propensities.get((action_type, correct)) or self.fallback[correct]
+
+    def to_persona(self, name: str = "fitted", default_patience: int = 10) -> SimPersona:
+        """The fit as a simulator persona (DriftBench propensities, `*` cells = pooled fallback)."""
+        props = {**{("*", c): p for c, p in self.fallback.items()}, **self.propensities}
+        return SimPersona(Persona(name, props), self.patience or default_patience, self.volunteer)
 
     def to_dict(self) -> dict:
         return {"propensities": {f"{a}|{'correct' if c else 'wrong'}": p
@@ -84,9 +95,9 @@ def fit(records: Iterable[FeedbackRecord], quit_turns: Sequence[int] = ()) -> Fi
     )
 
 
-def sample_kind(p: FittedPersona, action_type: str, correct: bool, rng: np.random.Generator) -> str:
+def sample_kind(p: FittedPersona, action_type: str, correct: bool, rng: random.Random) -> str:
     probs = p.cell(action_type, correct)
-    return str(rng.choice(KINDS, p=[probs[k] for k in KINDS]))
+    return rng.choices(KINDS, weights=[probs[k] for k in KINDS])[0]
 
 
 def _permutation_p(a: Sequence[str], b: Sequence[str], rng: np.random.Generator, n_perm: int) -> float:
@@ -105,7 +116,7 @@ def _permutation_p(a: Sequence[str], b: Sequence[str], rng: np.random.Generator,
 
 
 def validate(records: Sequence[FeedbackRecord], persona: FittedPersona, seed: int = 0,
-             sampler: Callable[[str, bool, np.random.Generator], str] | None = None,
+             sampler: Callable[[str, bool, random.Random], str] | None = None,
              n_perm: int = 500) -> dict[str, dict]:
     """Per action type: logged vs simulated answer distributions, chi-square and permutation p.
 
@@ -114,6 +125,7 @@ def validate(records: Sequence[FeedbackRecord], persona: FittedPersona, seed: in
     the fitted cell probabilities; pass DriftBench's persona `decide` to validate that path.
     """
     rng = np.random.default_rng(seed)
+    srng = random.Random(seed)
     draw = sampler or (lambda a, c, g: sample_kind(persona, a, c, g))
     by_type: dict[str, list[FeedbackRecord]] = defaultdict(list)
     for r in records:
@@ -121,7 +133,7 @@ def validate(records: Sequence[FeedbackRecord], persona: FittedPersona, seed: in
     out: dict[str, dict] = {}
     for atype, recs in sorted(by_type.items()):
         logged = [r.kind for r in recs]
-        sim = [draw(atype, r.correct, rng) for r in recs]
+        sim = [draw(atype, r.correct, srng) for r in recs]
         cl, cs = Counter(logged), Counter(sim)
         cols = [k for k in KINDS if cl[k] + cs[k] > 0]
         if len(cols) > 1:
