@@ -1,0 +1,326 @@
+"""Projections of the ledger: the chromadb vector collection, the networkx graph, a keyword index.
+
+Each projection is told "these items changed; here is their current state (None: gone)" and makes
+itself agree, idempotently. Each records the last ledger seq it applied, so on open the service
+only replays what it missed. One chromadb collection and one graph per tenant: the tenant
+partition is structural, not a filter someone can forget.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from memory.models import MemoryItem
+from memory.text import extract_entities, terms, text_hash
+
+log = logging.getLogger("memory")
+META = "evolve_meta"
+
+
+def collection_name(tenant: str) -> str:
+    return "t_" + hashlib.sha1(tenant.encode()).hexdigest()[:24]
+
+
+class VectorProjection:
+    """Per-tenant chromadb collections of live items (embeddings come from the cache)."""
+
+    def __init__(self, path: Path | None, http_url: str | None, notices: list[str]):
+        self.path, self.http_url, self.notices = path, http_url, notices
+        self._cols: dict[str, Any] = {}
+        self.client = self._open()
+        self.meta = self.client.get_or_create_collection(META, embedding_function=self._ef())
+        self.last_seq = int((self.meta.metadata or {}).get("last_seq", 0))
+
+    @staticmethod
+    def _ef() -> Any:
+        from memory.embeddings import MiniLMEmbedding
+        return MiniLMEmbedding()
+
+    def _open(self) -> Any:
+        import chromadb
+        from chromadb.config import Settings
+        settings = Settings(anonymized_telemetry=False, allow_reset=True)
+        if self.http_url:
+            from urllib.parse import urlparse
+            u = urlparse(self.http_url)
+            return chromadb.HttpClient(host=u.hostname or "127.0.0.1", port=u.port or 8000,
+                                       ssl=u.scheme == "https", settings=settings)
+        assert self.path is not None
+        try:
+            client = chromadb.PersistentClient(path=str(self.path), settings=settings)
+            meta = client.get_or_create_collection(META, embedding_function=self._ef())
+            for c in client.list_collections():  # touch every collection: unreadable -> rebuild
+                if c.name != META:
+                    client.get_collection(c.name, embedding_function=self._ef()).count()
+            meta.count()
+            return client
+        except Exception as e:  # noqa: BLE001 - any failure to read the files means rebuild
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            msg = (f"vector projection at {self.path} is unreadable ({type(e).__name__}: "
+                   f"{str(e)[:120]}); moved it to {aside.name} and rebuilding it from the ledger")
+            log.warning(msg)
+            self.notices.append(msg)
+            try:
+                from chromadb.api.shared_system_client import SharedSystemClient
+                SharedSystemClient.clear_system_cache()
+            except Exception:  # noqa: BLE001
+                pass
+            if self.path.exists():
+                shutil.move(str(self.path), str(aside))
+            return chromadb.PersistentClient(path=str(self.path), settings=settings)
+
+    def col(self, tenant: str, create: bool = True) -> Any:
+        if tenant not in self._cols:
+            name = collection_name(tenant)
+            if create:
+                self._cols[tenant] = self.client.get_or_create_collection(
+                    name, embedding_function=self._ef(), metadata={"tenant": tenant},
+                    configuration={"hnsw": {"space": "cosine"}})
+            else:
+                try:
+                    self._cols[tenant] = self.client.get_collection(name, embedding_function=self._ef())
+                except Exception:  # noqa: BLE001 - chromadb raises various "not found" errors
+                    return None
+        return self._cols[tenant]
+
+    def apply(self, tenant: str, items: dict[str, MemoryItem | None], vectors: Any) -> None:
+        """Make the tenant's collection agree with `items` (live -> present, else absent)."""
+        col = self.col(tenant)
+        ids = list(items)
+        have: dict[str, str] = {}
+        for i in range(0, len(ids), 5000):
+            got = col.get(ids=ids[i:i + 5000], include=["metadatas"])
+            have.update({k: (m or {}).get("h", "") for k, m in zip(got["ids"], got["metadatas"])})
+        up = [it for it in items.values() if it is not None and have.get(it.id) != text_hash(it.text)]
+        gone = [i for i, it in items.items() if it is None and i in have]
+        if gone:
+            for i in range(0, len(gone), 5000):
+                col.delete(ids=gone[i:i + 5000])
+        if up:
+            vecs = vectors([it.text for it in up])
+            for i in range(0, len(up), 5000):
+                part = up[i:i + 5000]
+                col.upsert(ids=[it.id for it in part], embeddings=vecs[i:i + 5000],
+                           metadatas=[{"kind": it.kind, "h": text_hash(it.text)} for it in part])
+
+    def drop_tenant(self, tenant: str) -> None:
+        self._cols.pop(tenant, None)
+        try:
+            self.client.delete_collection(collection_name(tenant))
+        except Exception:  # noqa: BLE001 - already absent
+            pass
+
+    def query(self, tenant: str, vec: np.ndarray, n: int, kinds: list[str] | None = None
+              ) -> list[tuple[str, float]]:
+        col = self.col(tenant, create=False)
+        if col is None:
+            return []
+        total = col.count()
+        if total == 0:
+            return []
+        where = None
+        if kinds:
+            where = {"kind": kinds[0]} if len(kinds) == 1 else {"kind": {"$in": list(kinds)}}
+        r = col.query(query_embeddings=[vec], n_results=min(n, total), where=where,
+                      include=["distances"])
+        return [(i, 1.0 - float(d)) for i, d in zip(r["ids"][0], r["distances"][0])]
+
+    def ids(self, tenant: str) -> list[str]:
+        col = self.col(tenant, create=False)
+        return [] if col is None else col.get(include=[])["ids"]
+
+    def count(self) -> int:
+        return sum(self.client.get_collection(c.name).count()
+                   for c in self.client.list_collections() if c.name != META)
+
+    def set_last_seq(self, seq: int) -> None:
+        self.meta.modify(metadata={"last_seq": int(seq)})
+        self.last_seq = seq
+
+    def reset(self) -> None:
+        for c in self.client.list_collections():
+            if c.name != META:
+                self.client.delete_collection(c.name)
+        self._cols.clear()
+        self.set_last_seq(0)
+
+
+class GraphProjection:
+    """Per-tenant knowledge graphs: item nodes, entity nodes, and edges that carry provenance.
+
+    Edges: item -> entity ("mentions") and entity -> entity (the item's relations). Every edge
+    records the item and the trajectory/step/evidence it came from, so removing an item removes
+    exactly its edges, and entities left with no edges are pruned (no orphans after a delete).
+    """
+
+    def __init__(self, path: Path | None, notices: list[str]):
+        self.path, self.notices = path, notices
+        self.graphs: dict[str, nx.MultiDiGraph] = {}
+        self._rel: dict[tuple[str, str], list[tuple[str, str, str]]] = {}  # item -> relation edges
+        self.last_seq = 0
+        self.dirty = 0
+        if path is not None and path.exists():
+            try:
+                raw = json.loads(path.read_text())
+                self.last_seq = int(raw["last_seq"])
+                self.graphs = {t: nx.node_link_graph(g, directed=True, multigraph=True, edges="edges")
+                               for t, g in raw["tenants"].items()}
+                for t, g in self.graphs.items():
+                    for u, v, k, d in g.edges(keys=True, data=True):
+                        if d.get("rel") != "mentions":
+                            self._rel.setdefault((t, d["item"]), []).append((u, v, k))
+            except Exception as e:  # noqa: BLE001 - any unreadable file means rebuild
+                msg = (f"graph projection at {path} is unreadable ({type(e).__name__}: "
+                       f"{str(e)[:120]}); rebuilding it from the ledger")
+                log.warning(msg)
+                self.notices.append(msg)
+                self.graphs, self.last_seq = {}, 0
+        elif path is not None and path.with_name(path.name + ".seen").exists():
+            msg = f"graph projection file {path} is missing; rebuilding it from the ledger"
+            log.warning(msg)
+            self.notices.append(msg)
+
+    def g(self, tenant: str) -> nx.MultiDiGraph:
+        return self.graphs.setdefault(tenant, nx.MultiDiGraph())
+
+    def apply(self, tenant: str, items: dict[str, MemoryItem | None]) -> None:
+        g = self.g(tenant)
+        touched_entities: set[str] = set()
+        for iid, item in items.items():
+            node = f"item:{iid}"
+            if g.has_node(node):
+                touched_entities.update(v for _, v in g.out_edges(node))
+                g.remove_node(node)
+            for u, v, k in self._rel.pop((tenant, iid), []):
+                touched_entities.update((u, v))
+                if g.has_edge(u, v, k):
+                    g.remove_edge(u, v, k)
+            if item is None:
+                continue
+            prov = item.provenance[0] if item.provenance else None
+            pv = {"trajectory_id": prov.trajectory_id if prov else None,
+                  "step": prov.step if prov else None,
+                  "evidence": (prov.evidence if prov else "")[:200], "item": iid}
+            g.add_node(node, kind="item", item_kind=item.kind)
+            for ent in item.entities or extract_entities(item.text, item.payload):
+                g.add_node(ent, kind="entity")
+                g.add_edge(node, ent, key=f"m:{iid}", rel="mentions", **pv)
+            for s, rel, o in item.relations:
+                g.add_node(s, kind="entity")
+                g.add_node(o, kind="entity")
+                g.add_edge(s, o, key=f"r:{iid}:{rel}", rel=rel, **pv)
+                self._rel.setdefault((tenant, iid), []).append((s, o, f"r:{iid}:{rel}"))
+        for ent in touched_entities:
+            if g.has_node(ent) and g.degree(ent) == 0:
+                g.remove_node(ent)
+        self.dirty += len(items)
+
+    def drop_tenant(self, tenant: str) -> None:
+        self.graphs.pop(tenant, None)
+        self._rel = {k: v for k, v in self._rel.items() if k[0] != tenant}
+        self.dirty += 1
+
+    def entities_of(self, tenant: str, item_id: str) -> list[str]:
+        g = self.graphs.get(tenant)
+        node = f"item:{item_id}"
+        return [] if g is None or not g.has_node(node) else [v for _, v in g.out_edges(node)]
+
+    def expand(self, tenant: str, seeds: set[str], weight: float = 1.0) -> dict[str, float]:
+        """Items that mention a seed entity (`weight`) or an entity one relation away (half)."""
+        g = self.graphs.get(tenant)
+        if g is None:
+            return {}
+        seeds = {s for s in seeds if g.has_node(s)}
+        hop = set()
+        for s in seeds:
+            for n in list(g.successors(s)) + list(g.predecessors(s)):
+                if not n.startswith("item:"):
+                    hop.add(n)
+        out: dict[str, float] = {}
+        for ents, w in ((hop - seeds, weight / 2), (seeds, weight)):
+            for e in ents:
+                for u in g.predecessors(e):
+                    if u.startswith("item:"):
+                        out[u[5:]] = max(out.get(u[5:], 0.0), w)
+        return out
+
+    def edges(self, tenant: str, item_id: str | None = None) -> list[dict[str, Any]]:
+        g = self.graphs.get(tenant)
+        if g is None:
+            return []
+        return [{"src": u, "dst": v, **d} for u, v, d in g.edges(data=True)
+                if item_id is None or d.get("item") == item_id]
+
+    def save(self, seq: int) -> None:
+        self.last_seq = seq
+        if self.path is None:
+            return
+        data = {"last_seq": seq, "tenants": {t: nx.node_link_data(g, edges="edges")
+                                             for t, g in self.graphs.items()}}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)  # atomic: a crash leaves the old file or the new one
+        self.path.with_name(self.path.name + ".seen").touch()
+        self.dirty = 0
+
+    def reset(self) -> None:
+        self.graphs, self._rel, self.last_seq = {}, {}, 0
+
+
+class KeywordIndex:
+    """In-memory inverted index per tenant (BM25-style idf weights), rebuilt from the ledger on open."""
+
+    def __init__(self) -> None:
+        self.post: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        self.doc_terms: dict[str, dict[str, list[str]]] = defaultdict(dict)
+
+    def apply(self, tenant: str, items: dict[str, MemoryItem | None]) -> None:
+        post, docs = self.post[tenant], self.doc_terms[tenant]
+        for iid, item in items.items():
+            for t in docs.pop(iid, []):
+                s = post.get(t)
+                if s is not None:
+                    s.discard(iid)
+                    if not s:
+                        del post[t]
+            if item is not None:
+                ts = sorted(set(terms(item.text)))
+                docs[iid] = ts
+                for t in ts:
+                    post[t].add(iid)
+
+    def drop_tenant(self, tenant: str) -> None:
+        self.post.pop(tenant, None)
+        self.doc_terms.pop(tenant, None)
+
+    def query(self, tenant: str, text: str, n: int) -> list[tuple[str, float]]:
+        if tenant not in self.post:
+            return []
+        post, ndocs = self.post[tenant], max(1, len(self.doc_terms[tenant]))
+        scores: dict[str, float] = defaultdict(float)
+        qterms = set(terms(text))
+        total = 0.0
+        for t in qterms:
+            ids = post.get(t)
+            if not ids or len(ids) > 0.2 * ndocs + 50:  # near-stopwords carry no signal
+                continue
+            w = math.log(1 + ndocs / len(ids))
+            total += w
+            for i in ids:
+                scores[i] += w
+        if not scores:
+            return []
+        best = sorted(scores.items(), key=lambda kv: -kv[1])[:n]
+        norm = sum(math.log(1 + ndocs) for _ in qterms) or 1.0
+        return [(i, min(1.0, s / norm)) for i, s in best]
