@@ -99,7 +99,7 @@ def parse_action(text: Any, tools: Mapping[str, ToolSpec] | None = None) -> Tool
     if not m:
         return ActionError(f"error: action must start with a tool name, got {s[:30]!r}", text)
     name, rest = m.group(0), s[m.end():].strip()
-    if rest and not rest.startswith("{"):
+    if rest and rest[0] not in "{[":
         return ActionError(f"error: after {name} expected JSON arguments starting with '{{'", text)
     args: Any = {}
     if rest:

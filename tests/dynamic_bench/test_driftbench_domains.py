@@ -1,0 +1,96 @@
+"""Domains: rules as code agree with the policy text and the gold solution; tasks and splits; personas."""
+import random
+from collections import Counter
+
+import pytest
+
+from dynamic_bench import (DOMAINS, PERSONAS, OracleAgent, StaleAgent, generate_tasks, get_domain, make,
+                           random_rule_tasks, run_episode)
+from dynamic_bench.actions import format_action
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_at_least_three_rule_versions_with_distinct_texts(name):
+    d = get_domain(name)
+    assert len(d.versions) >= 3
+    texts = [d.policy_text(v) for v in d.versions]
+    assert len(set(texts)) == len(texts)
+
+
+def test_policy_text_is_rendered_from_the_rule_values():
+    d = get_domain("retail")
+    rules = {**d.versions[1], "refund_window": 17, "escalate_over": 230, "gold_coupon": 35}
+    text = d.policy_text(rules)
+    assert "within 17 days" in text and "over 230" in text and "coupon of 35" in text
+    t = get_domain("telecom").policy_text({**get_domain("telecom").versions[2], "credit_amount": 42})
+    assert "exactly 42" in t
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_gold_writes_break_no_rule_and_decisions_depend_on_facts_and_rules(name):
+    d = get_domain(name)
+    tasks = generate_tasks(name, 300, 1)
+    for v, rules in d.versions.items():
+        outcomes = Counter()
+        for t in tasks:
+            calls, outcome = d.solve(t.params, rules)
+            outcomes[outcome] += 1
+            state = d.initial_state(t.params)
+            for c in calls:
+                assert d.violations(state, t.params, c, rules) == [], (v, format_action(c))
+                d.execute(state, t.params, d.tools(rules)[c.name], c, rules)
+        assert len(outcomes) == 4, (v, outcomes)  # every outcome occurs: facts matter
+    changed = sum(d.solve(t.params, d.versions[1]) != d.solve(t.params, d.versions[2]) for t in tasks)
+    assert changed / len(tasks) > 0.25  # rules matter
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_oracle_solves_dense_random_rule_values(name):
+    env = make(f"driftbench/{name}-v1")
+    for i, t in enumerate(random_rule_tasks(name, 60, 0)):
+        assert t.rule_version == 0 and t.params["rules"] == t.params["shown_rules"]
+        assert run_episode(env, OracleAgent(seed=i), t, seed=i)["success"]
+
+
+def test_random_rules_cover_values_densely():
+    d = get_domain("retail")
+    rng = random.Random(0)
+    windows = {d.random_rules(rng)["refund_window"] for _ in range(2000)}
+    assert windows == set(range(7, 61))
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_splits_are_disjoint_by_facts_and_seeded(name):
+    from dynamic_bench.tasks import split_of
+
+    train, test = generate_tasks(name, 100, 0, "train"), generate_tasks(name, 100, 0, "test")
+    assert {t.split for t in train} == {"train"} and {t.split for t in test} == {"test"}
+    assert all(split_of(t.params) == "train" for t in train) and all(split_of(t.params) == "test" for t in test)
+    assert generate_tasks(name, 5, 0) == generate_tasks(name, 5, 0) != generate_tasks(name, 5, 1)
+    assert {t.persona for t in train} == set(PERSONAS)
+
+
+def test_stale_agent_uses_first_version_tools_under_tool_drift():
+    env = make("driftbench/telecom-v1")
+    task = next(t for t in generate_tasks("telecom", 50, 0, rule_version=4) if t.params["kind"] == "suspend"
+                and t.params["db"]["account"]["balance_due"] <= 100)
+    res = run_episode(env, StaleAgent(seed=0), task, seed=0)
+    assert not res["success"] and res["n_stale"] == 1 and "tool_drift" in res["violations"]
+    assert any("deprecated; use set_line_status" in o for o in res["observations"])
+
+
+def test_personas_decide_by_correctness_and_seed():
+    right = {"tool": "refund", "correct": True, "action_text": "refund {}", "correct_write": "refund {}"}
+    wrong = {"tool": "refund", "correct": False, "action_text": "exchange {}", "correct_write": "refund {}"}
+    for p in PERSONAS.values():
+        decisions = [p.decide(right, random.Random(i)) for i in range(200)]
+        assert all(d.kind != "reject" for d in decisions)  # a right action is never refused
+        assert all(d.action_text in (None, "refund {}") for d in decisions)
+    careful = [PERSONAS["careful"].decide(wrong, random.Random(i)).kind for i in range(400)]
+    assert 0.5 < careful.count("reject") / 400 < 0.7 and "approve" not in careful
+    trusting = [PERSONAS["trusting"].decide(wrong, random.Random(i)).kind for i in range(400)]
+    assert trusting.count("approve") > 250
+    assert [PERSONAS["editor"].decide(wrong, random.Random(7)) for _ in range(1)] == [
+        PERSONAS["editor"].decide(wrong, random.Random(7))]
+    fixed = PERSONAS["editor"].decide({**wrong, "correct_write": None}, random.Random(1))
+    assert fixed.kind in ("approve", "reject") and fixed.action_text is None

@@ -1,0 +1,81 @@
+"""Metrics: pass^k against brute force, recovery, stale rates, forgetting/BWT, AULC, summaries."""
+import itertools
+import random
+
+import pytest
+
+from dynamic_bench import BENCH_VERSION, OracleAgent, make_stream, repeat_tasks, run_stream
+from dynamic_bench.metrics import (aulc, backward_transfer, forgetting, pass_hat_k, recovery_episodes, rolling,
+                                   stale_violation_rates, summarize)
+
+
+def brute_force_pass_k(trials, k):
+    """Fraction of k-subsets of each task's trials that all succeed, averaged over tasks."""
+    vals = []
+    for row in trials:
+        if len(row) < k:
+            continue
+        subsets = list(itertools.combinations(range(len(row)), k))
+        vals.append(sum(all(row[i] for i in s) for s in subsets) / len(subsets))
+    return sum(vals) / len(vals) if vals else None
+
+
+def test_pass_k_matches_brute_force_enumeration():
+    rng = random.Random(0)
+    for _ in range(200):
+        trials = [[rng.random() < rng.random() for _ in range(rng.randint(1, 7))] for _ in range(rng.randint(1, 5))]
+        for k in range(1, 5):
+            want, got = brute_force_pass_k(trials, k), pass_hat_k(trials, k)
+            assert (want is None and got is None) or got == pytest.approx(want)
+
+
+def test_pass_k_small_cases_by_hand():
+    assert pass_hat_k({"a": [True, True, False, False]}, 2) == pytest.approx(1 / 6)
+    assert pass_hat_k({"a": [True] * 4, "b": [False] * 4}, 4) == 0.5
+    assert pass_hat_k({"a": [True]}, 2) is None
+
+
+def _stream(n=40):
+    return make_stream("reverted", "retail", n, 0)  # phases at 0, 13, 27
+
+
+def test_recovery_episodes_counts_until_the_window_is_back():
+    s = _stream(60)  # phases 0-20, 20-40, 40-60
+    succ = [1.0] * 20 + [0.0] * 5 + [1.0] * 15 + [1.0] * 20
+    assert recovery_episodes(succ, s, window=5) == [5, 0]
+    never = [1.0] * 20 + [0.0] * 20 + [1.0] * 20
+    assert recovery_episodes(never, s, window=5) == [20, 0]  # capped at the phase length
+
+
+def test_stale_violation_rate_uses_the_window_after_each_shift():
+    s = _stream(60)
+    results = [{"n_stale": 0} for _ in range(60)]
+    for i in (20, 22, 41):
+        results[i]["n_stale"] = 2
+    assert stale_violation_rates(results, s, window=4) == [0.5, 0.25]
+
+
+def test_forgetting_and_backward_transfer():
+    m = {0: {1: 1.0}, 1: {2: 0.8}, 2: {1: 0.6, 2: 0.9}}
+    assert backward_transfer(m) == pytest.approx(((0.6 - 1.0) + (0.9 - 0.8)) / 2)
+    assert forgetting(m) == pytest.approx(((1.0 - 0.6) + (0.8 - 0.9)) / 2)
+    assert forgetting({0: {1: 1.0}}) is None and backward_transfer({}) is None
+
+
+def test_rolling_and_aulc():
+    assert rolling([1, 0, 1, 1], 2) == [1.0, 0.5, 0.5, 1.0]
+    assert aulc([1, 0, 1, 1], 2) == pytest.approx(3 / 4)
+    assert aulc([1.0] * 10, 3) == 1.0
+
+
+def test_summary_has_every_result_key_and_the_bench_version():
+    stream = make_stream("mixed", "telecom", 40, 0)
+    results = run_stream(OracleAgent(seed=0), stream)
+    trials = repeat_tasks(lambda s: OracleAgent(seed=s), [ep.task for ep in stream.episodes[-5:]], n_trials=4)
+    s = summarize(results, stream, pass_trials=trials)
+    for key in ("bench_version", "success_rate", "phases", "recovery_episodes", "stale_violation_rate", "pass_k",
+                "aulc", "forgetting", "backward_transfer"):
+        assert key in s
+    assert s["bench_version"] == BENCH_VERSION and s["success_rate"] == 1.0 and s["aulc"] == 1.0
+    assert s["pass_k"] == {"1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
+    assert s["recovery_episodes"] == [0, 0, 0] and len(s["phases"]) == 4
