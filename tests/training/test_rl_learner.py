@@ -1,0 +1,96 @@
+"""The learner on a real tiny policy: rows from groups, on-policy consistency, improvement, determinism."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dynamic_bench.schema import Step, Trajectory
+from training.engines.base import SamplingParams
+from training.rl.learner import Learner, LossSettings, Row, rows_from_groups
+
+
+def _groups(engine, tok, n_prompts=3, g=4, seed=0):
+    """Sample G completions per prompt; reward 1 when the first sampled token id is even."""
+    groups = []
+    for p in range(n_prompts):
+        prompt = tok.encode(f"<|user|>order O-{1000 + p} refund<|assistant|>", add_special_tokens=False)
+        gens = engine.generate([prompt] * g, SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed + 10 * p))
+        groups.append([Trajectory(task_id=f"t{p}", reward=float(x.token_ids[0] % 2 == 0),
+                                  steps=[Step(index=0, prompt_token_ids=prompt, completion_token_ids=x.token_ids,
+                                              behaviour_logprobs=x.logprobs, policy_version=x.policy_version)])
+                       for x in gens])
+    return groups
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_policy):
+    from training.engines.torch_engine import TorchEngine
+
+    eng = TorchEngine(tiny_policy, seed=0)
+    groups = _groups(eng, eng.tokenizer, n_prompts=6, g=4)
+    return groups
+
+
+def test_rows_follow_groups_and_drop_zero_variance(batch):
+    flat = Trajectory(task_id="same", reward=1.0, steps=batch[0][0].steps)
+    rows, st = rows_from_groups(batch + [[flat, flat.model_copy(), flat.model_copy()]], scale_by_std=False)
+    assert st["zero_var_groups"] >= 1
+    informative = [g for g in batch if len({t.reward for t in g}) > 1]
+    assert st["groups"] - st["zero_var_groups"] == len(informative)
+    assert len(rows) == 4 * len(informative)
+    for r in rows:
+        assert len(r.completion_ids) == len(r.behav_logprobs)
+    # advantages are centred within each informative group
+    by_seq = {}
+    for r in rows:
+        by_seq.setdefault(r.seq // 4, []).append(r.advantage)
+    for advs in by_seq.values():
+        assert sum(advs) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_on_policy_step_has_no_mismatch_and_improves_rewarded_tokens(tiny_policy, batch):
+    torch.manual_seed(0)
+    learner = Learner(tiny_policy, lr=5e-3, seed=0, settings=LossSettings(correction="tis"))
+    rows, _ = rows_from_groups(batch)
+    assert rows, "the fixture batch should contain informative groups"
+    first = learner.step(rows)
+    # same weights (LoRA B=0) in engine and trainer: behaviour == trainer logprobs
+    assert first["logprob_mismatch"] < 1e-4
+    assert first["masked_frac"] == 0.0 and first["kl"] == pytest.approx(0.0, abs=1e-6)
+
+    def margin():
+        with torch.no_grad():
+            lp, mask, _ = learner._forward(rows)
+        seq_lp = (lp * mask).sum(-1)
+        adv = torch.tensor([r.advantage for r in rows])
+        return float(seq_lp[adv > 0].mean() - seq_lp[adv < 0].mean())
+
+    m0 = margin()
+    for _ in range(8):
+        stats = learner.step(rows)
+    assert margin() > m0 + 0.5  # rewarded completions became more likely than unrewarded ones
+    assert stats["logprob_mismatch"] > 1e-3  # the policy moved away from the behaviour samples
+    assert stats["kl"] > 0.0
+
+
+def test_same_seed_same_losses(tiny_policy, batch):
+    rows, _ = rows_from_groups(batch)
+    runs = []
+    for _ in range(2):
+        learner = Learner(tiny_policy, lr=1e-3, seed=3)
+        runs.append([learner.step(rows)["loss"] for _ in range(3)])
+    assert runs[0] == runs[1]
+
+
+def test_supervised_corrections_raise_target_likelihood(tiny_policy, batch):
+    learner = Learner(tiny_policy, lr=5e-3, seed=0, settings=LossSettings(sft_coef=1.0))
+    prompt = batch[0][0].steps[0].prompt_token_ids
+    target = learner.tokenizer.encode('refund_order {"order_id":"O-1000"}<|end|>', add_special_tokens=False)
+    sft = [Row(prompt, target, [0.0] * len(target), sft=True)]
+    with torch.no_grad():
+        before = float(learner._forward(sft)[0].sum())
+    for _ in range(5):
+        st = learner.step([], sft)
+    with torch.no_grad():
+        after = float(learner._forward(sft)[0].sum())
+    assert st["sft_rows"] == 1.0 and after > before + 1.0

@@ -1,0 +1,217 @@
+"""The learner: a LoRA (peft, all linear layers) policy, one optimizer step per batch of groups.
+
+Rows are agent turns: (prompt ids, completion ids, behaviour logprobs) exactly as sampled, so the
+ids trained on are the ids that were sampled (token in, token out). Every turn of a trajectory
+shares the trajectory's group-relative advantage, and all turns of one trajectory form one
+"sequence" for sequence-level IS. Supervised rows (corrections from feedback: the right action
+after a rejection or an edit) are mixed into the same step with weight `sft_coef`.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from training.rl.loss import group_advantages, policy_loss, sft_loss
+
+
+@dataclass
+class Row:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logprobs: list[float]
+    advantage: float = 0.0
+    seq: int = 0  # trajectory index within the batch
+    sft: bool = False
+
+
+@dataclass
+class LossSettings:
+    """The loss knobs, read off RLConfig (see training/rl/loss.py for their meaning)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    decoupled: bool = True
+    correction: str = "tis"
+    is_cap: float = 2.0
+    icepop_beta: float = 2.0
+    kl_coef: float = 0.0
+    track_kl: bool = True
+    agg: str = "token-mean"
+    scale_adv_by_std: bool = True
+    temperature: float = 1.0
+    sft_coef: float = 0.0
+    micro_batch_tokens: int = 16384
+    max_grad_norm: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LossSettings":
+        return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__ if hasattr(cfg, k)})
+
+
+def rows_from_groups(groups: Sequence[Sequence[Any]], scale_by_std: bool = True) -> tuple[list[Row], dict]:
+    """Turn groups of `Trajectory` into training rows with group-relative advantages.
+
+    Zero-variance groups give no rows (dynamic sampling) and are counted in the returned stats.
+    """
+    rewards, gids, trajs = [], [], []
+    for g, group in enumerate(groups):
+        for t in group:
+            rewards.append(float(t.reward))
+            gids.append(g)
+            trajs.append(t)
+    if not trajs:
+        return [], {"groups": 0, "zero_var_groups": 0}
+    adv, keep = group_advantages(rewards, gids, scale_by_std=scale_by_std)
+    rows: list[Row] = []
+    seq = 0
+    for t, a, k in zip(trajs, adv.tolist(), keep.tolist()):
+        if not k:
+            continue
+        for s in t.steps:
+            if s.completion_token_ids:
+                rows.append(Row(list(s.prompt_token_ids), list(s.completion_token_ids),
+                                list(s.behaviour_logprobs), a, seq))
+        seq += 1
+    n_groups = len(groups)
+    kept_groups = len({g for g, k in zip(gids, keep.tolist()) if k})
+    return rows, {"groups": n_groups, "zero_var_groups": n_groups - kept_groups}
+
+
+class Learner:
+    """Owns the trainable LoRA model and its optimizer; `step()` is one learner update."""
+
+    def __init__(self, model_path: str | Path, *, lora_r: int = 8, lora_alpha: int = 16, lr: float = 1e-4,
+                 settings: LossSettings | None = None, seed: int = 0, adapter: str | Path | None = None) -> None:
+        from peft import PeftModel, get_peft_model
+
+        from training.policy import load_model, load_tokenizer, lora_config
+
+        torch.manual_seed(seed)
+        self.settings = settings or LossSettings()
+        self.tokenizer = load_tokenizer(model_path)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        base = load_model(model_path)
+        if adapter is not None:
+            self.model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
+        else:
+            self.model = get_peft_model(base, lora_config(r=lora_r, alpha=lora_alpha))
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+
+    # ---- scoring --------------------------------------------------------------------------
+    def _forward(self, rows: Sequence[Row], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Right-padded batch → per-token logprobs [R, T] on completion slots, mask [R, T], entropy."""
+        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        tmax = max(len(r.completion_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            seq = r.prompt_ids + r.completion_ids
+            ids[i, :len(seq)] = torch.tensor(seq)
+            attn[i, :len(seq)] = 1
+        if reference:
+            with torch.no_grad(), self.model.disable_adapter():
+                logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
+        else:
+            logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
+        t = self.settings.temperature if self.settings.temperature > 0 else 1.0
+        lps, ent_sum, n_tok = [], 0.0, 0
+        mask = torch.zeros((len(rows), tmax))
+        for i, r in enumerate(rows):
+            n0, n = len(r.prompt_ids), len(r.completion_ids)
+            logz = torch.log_softmax(logits[i, n0 - 1:n0 + n - 1] / t, dim=-1)
+            lps.append(torch.nn.functional.pad(logz.gather(1, torch.tensor(r.completion_ids)[:, None])[:, 0],
+                                               (0, tmax - n)))
+            mask[i, :n] = 1.0
+            if not reference:
+                with torch.no_grad():
+                    ent_sum += float(-(logz.exp() * logz).sum())
+                    n_tok += n
+        lp = torch.stack(lps)
+        return lp, mask, ent_sum / max(n_tok, 1)
+
+    def _micro_batches(self, rows: list[Row]) -> list[list[Row]]:
+        """Chunks of whole trajectories, each at most `micro_batch_tokens` padded tokens."""
+        out: list[list[Row]] = []
+        cur: list[Row] = []
+        i = 0
+        while i < len(rows):
+            j = i
+            while j < len(rows) and rows[j].seq == rows[i].seq and rows[j].sft == rows[i].sft:
+                j += 1
+            traj = rows[i:j]
+            cand = cur + traj
+            width = max(len(r.prompt_ids) + len(r.completion_ids) for r in cand)
+            if cur and width * len(cand) > self.settings.micro_batch_tokens:
+                out.append(cur)
+                cand = traj
+            cur = cand
+            i = j
+        if cur:
+            out.append(cur)
+        return out
+
+    # ---- update ---------------------------------------------------------------------------
+    def step(self, rows: list[Row], sft_rows: Sequence[Row] = ()) -> dict[str, float]:
+        """One optimizer update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)."""
+        s = self.settings
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tok = sum(len(r.completion_ids) for r in rows)
+        stats: dict[str, float] = {}
+        weighted: dict[str, float] = {}
+        ent_tok = loss_sum = 0.0
+        for mb in self._micro_batches(rows):
+            lp, mask, ent = self._forward(mb)
+            behav = torch.zeros_like(lp)
+            for i, r in enumerate(mb):
+                behav[i, :len(r.behav_logprobs)] = torch.tensor(r.behav_logprobs[:lp.shape[1]])
+            adv = torch.tensor([r.advantage for r in mb])
+            seq_ids = torch.tensor([r.seq for r in mb])
+            seq_ids = seq_ids - seq_ids.min()
+            ref = self._forward(mb, reference=True)[0] if (s.kl_coef or s.track_kl) else None
+            out = policy_loss(lp, behav, adv, mask, ref_logp=ref, seq_index=seq_ids, eps_low=s.eps_low,
+                              eps_high=s.eps_high, decoupled=s.decoupled, correction=s.correction,
+                              is_cap=s.is_cap, icepop_beta=s.icepop_beta, kl_coef=s.kl_coef, agg=s.agg)
+            ntok = float(mask.sum())
+            part = out.loss * (ntok / max(total_tok, 1))
+            part.backward()
+            loss_sum += float(part.detach())
+            for k, v in out.stats.items():
+                if k != "tokens":
+                    weighted[k] = weighted.get(k, 0.0) + v * ntok
+            ent_tok += ent * ntok
+        for k, v in weighted.items():
+            stats[k] = v / max(total_tok, 1)
+        stats["loss"] = loss_sum
+        stats["entropy"] = ent_tok / max(total_tok, 1)
+        stats["tokens"] = float(total_tok)
+        stats["sft_rows"] = float(len(sft_rows))
+        if sft_rows and s.sft_coef:
+            lp, mask, _ = self._forward(list(sft_rows))
+            sl = sft_loss(lp, mask)
+            (s.sft_coef * sl).backward()
+            stats["sft_loss"] = float(sl.detach())
+        if rows or (sft_rows and s.sft_coef):
+            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm))
+            self.optimizer.step()
+        return stats
+
+    # ---- persistence ------------------------------------------------------------------------
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        self.model.save_pretrained(str(out))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                "py_rng": random.getstate()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.optimizer.load_state_dict(d["optimizer"])
+        torch.set_rng_state(d["torch_rng"])
+        random.setstate(d["py_rng"])
