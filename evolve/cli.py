@@ -26,3 +26,5 @@ app.add_typer(_evolve_commands.simulate_app, name="simulate")
 from dynamic_bench.cli import app as bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
+from runtime.cli import app as serve_app  # noqa: E402
+app.add_typer(serve_app, name="serve")
