@@ -19,6 +19,22 @@ REPLY = "reply"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DECODER = json.JSONDecoder()
 _TYPES = {"str": str, "int": int}
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+_STR = json.encoder.encode_basestring  # the C string escaper json itself uses
+
+
+def _canon(args: dict[str, Any]) -> str:
+    """Compact sorted-key JSON; a fast path for the flat str/int arguments every tool takes."""
+    parts = []
+    for k in sorted(args):
+        v = args[k]
+        if type(v) is str:
+            parts.append(_STR(k) + ":" + _STR(v))
+        elif type(v) is int:
+            parts.append(_STR(k) + ":" + str(v))
+        else:
+            return _ENCODE(args)
+    return "{" + ",".join(parts) + "}"
 
 
 @dataclass(frozen=True)
@@ -71,9 +87,8 @@ Action = Union[ToolCall, Reply]
 def format_action(action: Action) -> str:
     """Canonical one-line text of an action."""
     if isinstance(action, Reply):
-        return REPLY + " " + json.dumps({"text": action.text}, ensure_ascii=False, separators=(",", ":"))
-    return action.name + " " + json.dumps(action.args, ensure_ascii=False, separators=(",", ":"),
-                                          sort_keys=True)
+        return REPLY + ' {"text":' + _STR(action.text) + "}"
+    return action.name + " " + _canon(action.args)
 
 
 def action_dict(action: Action | ActionError) -> dict[str, Any] | None:

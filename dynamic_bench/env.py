@@ -84,7 +84,7 @@ class DriftEnv:
             self._prior.update(format_action(c) for c in calls)
         shown = p["shown_rules"]
         self._info = {"policy_text": d.policy_text(shown, p["shown_version"] or None),
-                      "tools": [s.to_dict() for s in d.tools(shown).values()],
+                      "tools": d.tool_dicts(shown),
                       "task": task, "env_id": self.env_id, "bench_version": BENCH_VERSION}
         self._proposals: list[dict[str, Any]] = []
         self._t = self._invalid = 0

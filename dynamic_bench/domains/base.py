@@ -62,7 +62,26 @@ class Domain(ABC):
     def tools(self, rules: Rules) -> dict[str, ToolSpec]:
         return self.tool_sets[rules["tools"]].specs
 
+    def tool_dicts(self, rules: Rules) -> list[dict[str, Any]]:
+        """The tool specs in force as JSON-able dicts (cached per tool set: built once)."""
+        cache = self.__dict__.setdefault("_tool_dicts", {})
+        if rules["tools"] not in cache:
+            cache[rules["tools"]] = [s.to_dict() for s in self.tools(rules).values()]
+        return cache[rules["tools"]]
+
     def policy_text(self, rules: Rules | int, version: int | None = None) -> str:
+        """The rules as shown to an agent, rendered from the same Rule objects that grade it."""
+        cache = self.__dict__.setdefault("_texts", {})
+        hit = cache.get((id(rules), version))
+        if hit is not None and hit[0] is rules:  # the cache keeps `rules` alive, so its id is not reused
+            return hit[1]
+        text = self._render(rules, version)
+        if len(cache) > 10_000:
+            cache.clear()
+        cache[(id(rules), version)] = (rules, text)
+        return text
+
+    def _render(self, rules: Rules | int, version: int | None = None) -> str:
         if isinstance(rules, int):
             rules, version = self.rules_for(rules), rules
         head = f"{self.name} policy" + (f" v{version}" if version is not None else "")
