@@ -15,6 +15,7 @@ import re
 import zlib
 from typing import Any
 
+from dynamic_bench.actions import format_action
 from dynamic_bench.domains import Domain, Rules, get_domain
 from dynamic_bench.personas import PERSONAS
 from dynamic_bench.schema import Task
@@ -53,12 +54,13 @@ def make_task(domain: str | Domain, rng: random.Random, *, user: dict | None = N
     if prior is None:  # standalone task: every named version before this one came first
         prior = [(v, d.versions[v]) for v in sorted(d.versions) if version and v < version]
     shown = shown or (version, rules)
+    writes, outcome = d.solve(params, rules)
     params.update(rules=rules, prior_rules=[[v, r] for v, r in prior if r != rules],
                   shown_version=shown[0], shown_rules=shown[1], **(extra or {}))
     return Task(id=f"{d.name}-{split_of(params)}-{rng.getrandbits(48):012x}", domain=d.name,
                 instruction=d.instruction(params), persona=persona or rng.choice(sorted(PERSONAS)),
                 user_id=user["user_id"], rule_version=version, split=split_of(params), params=params,
-                gold_checks={})
+                gold_checks={"outcome": outcome, "writes": [format_action(c) for c in writes]})
 
 
 def complete_task(task: Task) -> Task:

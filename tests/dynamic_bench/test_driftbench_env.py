@@ -1,7 +1,8 @@
 """The environment: checker on every domain, observations/info, malformed actions, judging, modes."""
 import pytest
 
-from dynamic_bench import BENCH_VERSION, OracleAgent, generate_tasks, get_domain, list_envs, make, run_episode
+from dynamic_bench import (BENCH_VERSION, OracleAgent, generate_tasks, get_domain, list_envs, make, make_stream,
+                           run_episode)
 from dynamic_bench.env_checker import EnvCheckError, check_env
 
 
@@ -120,3 +121,20 @@ def test_verdict_breaks_reward_down(env_id):
     v = info["verdict"]
     assert not v["success"] and v["reward"] == 0.0 and v["breakdown"]["reply"] == 0.0
     assert v["breakdown"]["format"] == 0.5
+
+
+def test_a_task_survives_a_json_round_trip():
+    """The runtime ships tasks as JSON: the env must behave the same on the decoded task."""
+    from dynamic_bench.schema import Task
+
+    stream = make_stream("mixed", "telecom", 40, 0)
+    env = make("driftbench/telecom-v1")
+    for ep in stream.episodes[::5]:
+        again = Task.model_validate_json(ep.task.model_dump_json())
+        a = run_episode(env, OracleAgent(seed=1), ep.task, seed=ep.seed)
+        b = run_episode(env, OracleAgent(seed=1), again, seed=ep.seed)
+        assert a == b and a["success"]
+        assert again.gold_checks["outcome"] in env.domain.outcomes
+        tools = env.domain.tools(again.params["rules"])
+        did = [x for x in a["actions"] if x.split(" ", 1)[0] in tools and tools[x.split(" ", 1)[0]].is_write]
+        assert again.gold_checks["writes"] == did
