@@ -66,6 +66,7 @@ class MemoryService:
             raise InvalidInput("MemoryService needs a data dir or a ledger URL")
         self.cfg = cfg
         self.notices: list[str] = []  # rebuild messages, shown by the CLI
+        self._closed = False
         self._lock = threading.RLock()
         ddir = Path(cfg.data_dir) if cfg.data_dir else None
         if ddir:
@@ -139,8 +140,11 @@ class MemoryService:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             self.graph.save(self.sync())
             self.ledger.close()
+            self._closed = True
 
     def __enter__(self) -> "MemoryService":
         return self

@@ -8,6 +8,7 @@ from typing import Any
 _WS = re.compile(r"\s+")
 _TERM = re.compile(r"[a-z0-9][a-z0-9_\-]*")
 _ID = re.compile(r"\b[A-Z]{1,5}-\d+\b")  # O-1042, U-7, TCK-12: DriftBench-style ids
+_ID_ANYCASE = re.compile(r"\b[A-Za-z]{1,5}-\d+\b")
 _NUM = re.compile(r"\d+(?:\.\d+)?")
 _TOOL = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*\{")  # `get_order {"order_id": ...}`
 STOP = frozenset("a an and are as at be by for from has have i if in is it its of on or that the "
@@ -44,7 +45,8 @@ def terms(text: str) -> list[str]:
 def signature(text: str) -> tuple[frozenset[str], frozenset[str]]:
     """Ids and numbers: two near-identical texts that differ here say different things
     ("window is 30 days" vs "window is 14 days"), so they must not be merged as duplicates."""
-    return frozenset(_ID.findall(text)), frozenset(_NUM.findall(_ID.sub(" ", text)))
+    ids = frozenset(m.upper() for m in _ID_ANYCASE.findall(text))
+    return ids, frozenset(_NUM.findall(_ID_ANYCASE.sub(" ", text)))
 
 
 def extract_entities(text: str, payload: dict[str, Any]) -> list[str]:
