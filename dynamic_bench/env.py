@@ -112,12 +112,10 @@ class DriftEnv:
             j["correct"] = not self._remaining and reply_states(self.domain, act.text, self._outcome)
             return j
         if isinstance(act, ActionError):
-            call = parse_action(text)  # syntactically a call to a drifted tool?
-            if not isinstance(call, ToolCall) or call.name not in self._writes:
-                return j
-            canon = format_action(call)
-            j.update(tool=call.name, is_write=True, stale=canon in self._prior, violations=["tool_drift"])
-            return j
+            call = parse_action(text)  # a write under an earlier version's tools (renamed, deprecated, new arg)?
+            if isinstance(call, ToolCall) and call.name in self._writes and format_action(call) in self._prior:
+                j.update(tool=call.name, is_write=True, stale=True, violations=["tool_drift"])
+            return j  # otherwise just malformed: an error observation, not a rule violation
         canon = format_action(act)
         j["tool"] = act.name
         if not self._tools[act.name].is_write:

@@ -138,3 +138,19 @@ def test_a_task_survives_a_json_round_trip():
         tools = env.domain.tools(again.params["rules"])
         did = [x for x in a["actions"] if x.split(" ", 1)[0] in tools and tools[x.split(" ", 1)[0]].is_write]
         assert again.gold_checks["writes"] == did
+
+
+@pytest.mark.parametrize("env_id", list_envs())
+def test_a_malformed_write_is_an_error_not_a_violation(env_id):
+    """A broken call to a write tool costs format, not the episode; the agent can still succeed."""
+    env = make(env_id)
+    for i, task in enumerate(generate_tasks(env.domain, 10, 2, rule_version=3)):
+        obs, info = env.reset(seed=i, options={"task": task})
+        write = next(t["name"] for t in info["tools"] if t["is_write"])
+        obs, r, term, trunc, info = env.step(f"{write} {{}}")
+        assert obs.startswith("error: missing required argument") and not info["is_write"]
+        agent = OracleAgent(seed=i)
+        agent.reset(obs, info)
+        while not (term or trunc):
+            obs, r, term, trunc, info = env.step(agent.act(obs, info))
+        assert info["verdict"]["success"] and info["verdict"]["breakdown"]["format"] < 1.0
