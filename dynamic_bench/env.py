@@ -39,7 +39,7 @@ def make(env_id: str, **kwargs: Any) -> "DriftEnv":
 
 class DriftEnv:
     """One domain's episodes. Options of `reset`: `task` (a Task), or `rule_version`, `split`,
-    `persona` to draw one; `user_simulation` (default: the constructor's) decides whether a
+    `persona`, `shown_version` (the policy shown; default: the one in force) to draw one; `user_simulation` (default: the constructor's) decides whether a
     persona answers proposed writes (True) or every stepped write is executed as is (False,
     the runtime's mode: it asks its human first and steps only approved or edited actions)."""
 
@@ -62,8 +62,10 @@ class DriftEnv:
             self._rng = random.Random(seed)
         task = options.get("task")
         if task is None:
+            sv = options.get("shown_version")
             task = make_task(self.domain, self._rng, rule_version=options.get("rule_version", 1),
-                             split=options.get("split", "train"), persona=options.get("persona"))
+                             split=options.get("split", "train"), persona=options.get("persona"),
+                             shown=None if sv is None else (sv, self.domain.rules_for(sv)))
         elif not isinstance(task, Task):
             raise TypeError(f"options['task'] must be a dynamic_bench.schema.Task, got {type(task).__name__}")
         task = complete_task(task)

@@ -50,6 +50,8 @@ class Domain(ABC):
     outcomes: tuple[str, ...] = ()  # words a final reply must use to state the outcome
     tool_drift: tuple[int, int] = (1, 1)  # (from, to) versions for the tool-drift preset
     tiers: tuple[str, ...] = ()
+    # (rule parameters, the note stating their new value): what `describe_change` says
+    change_notes: tuple[tuple[tuple[str, ...], Callable[[Rules], str]], ...] = ()
 
     # --- rules and tools -------------------------------------------------------------
     def rules_for(self, version: int | Rules) -> Rules:
@@ -147,9 +149,12 @@ class Domain(ABC):
     def reply_text(self, params: dict, outcome: str) -> str:
         """The oracle's reply."""
 
-    @abstractmethod
     def describe_change(self, old: Rules, new: Rules) -> list[str]:
         """Short natural statements of what changed (what a memory note would say)."""
+        notes = [note(new) for keys, note in self.change_notes if any(old[k] != new[k] for k in keys)]
+        if old["tools"] != new["tools"]:
+            notes += tool_change_notes(self.tool_sets[old["tools"]], self.tool_sets[new["tools"]])
+        return notes
 
 
 def tool_change_notes(old: ToolSet, new: ToolSet) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from dynamic_bench.actions import ToolCall, ToolSpec
-from dynamic_bench.domains.base import Domain, Rule, Rules, State, ToolSet, tool_change_notes
+from dynamic_bench.domains.base import Domain, Rule, Rules, State, ToolSet
 
 TIERS = ("standard", "silver", "gold")
 REASONS = ("damaged", "unwanted")
@@ -148,6 +148,15 @@ class Retail(Domain):
     outcomes = ("refunded", "exchanged", "escalated", "denied")
     tool_drift = (1, 4)
     tiers = TIERS
+    change_notes = (
+        (("refund_window",), lambda r: f"refund window is now {r['refund_window']} days"),
+        (("extended_window", "extended_tiers"),
+         lambda r: f"{_tiers(r)} customers now get a {r['extended_window']} day refund window"),
+        (("escalate_over",), lambda r: f"refunds over {r['escalate_over']} must now be escalated"),
+        (("exchange_window",), lambda r: f"exchange window is now {r['exchange_window']} days"),
+        (("gold_coupon",), lambda r: f"gold refunds now get a coupon of {r['gold_coupon']}" if r["gold_coupon"]
+         else "no more coupons after gold refunds"),
+    )
 
     def random_rules(self, rng: random.Random) -> Rules:
         w = rng.randint(7, 60)
@@ -225,21 +234,3 @@ class Retail(Domain):
 
     def reply_text(self, p: dict, outcome: str) -> str:
         return f"Order {p['order_id']}: {outcome}."
-
-    def describe_change(self, old: Rules, new: Rules) -> list[str]:
-        notes = []
-        if old["refund_window"] != new["refund_window"]:
-            notes.append(f"refund window is now {new['refund_window']} days")
-        if old["extended_window"] != new["extended_window"] or old["extended_tiers"] != new["extended_tiers"]:
-            notes.append(f"{_tiers(new)} customers now get a {new['extended_window']} day refund window")
-        if old["escalate_over"] != new["escalate_over"]:
-            notes.append(f"refunds over {new['escalate_over']} must now be escalated")
-        if old["exchange_window"] != new["exchange_window"]:
-            notes.append(f"exchange window is now {new['exchange_window']} days")
-        if old["gold_coupon"] != new["gold_coupon"]:
-            notes.append(f"gold refunds now get a coupon of {new['gold_coupon']}" if new["gold_coupon"]
-                         else "no more coupons after gold refunds")
-        if old["tools"] != new["tools"]:
-            notes += tool_change_notes(TOOL_SETS[old["tools"]], TOOL_SETS[new["tools"]])
-        return notes
-

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from dynamic_bench.actions import ToolCall, ToolSpec
-from dynamic_bench.domains.base import Domain, Rule, Rules, State, ToolSet, tool_change_notes
+from dynamic_bench.domains.base import Domain, Rule, Rules, State, ToolSet
 from dynamic_bench.domains.retail import _spec
 
 PLANS = ("basic", "premium")
@@ -103,6 +103,13 @@ class Telecom(Domain):
     outcomes = ("credited", "suspended", "escalated", "denied")
     tool_drift = (1, 4)
     tiers = PLANS
+    change_notes = (
+        (("credit_min_hours",), lambda r: f"outage credits now need at least {r['credit_min_hours']} hours"),
+        (("premium_min_hours",),
+         lambda r: f"premium plans now need at least {r['premium_min_hours']} outage hours for a credit"),
+        (("credit_amount",), lambda r: f"the outage credit is now {r['credit_amount']}"),
+        (("suspend_max_due",), lambda r: f"suspend a line only if the balance due is at most {r['suspend_max_due']}"),
+    )
 
     def random_rules(self, rng: random.Random) -> Rules:
         m = rng.randint(1, 12)
@@ -173,17 +180,3 @@ class Telecom(Domain):
 
     def reply_text(self, p: dict, outcome: str) -> str:
         return f"Account {p['account_id']}: {outcome}."
-
-    def describe_change(self, old: Rules, new: Rules) -> list[str]:
-        notes = []
-        if old["credit_min_hours"] != new["credit_min_hours"]:
-            notes.append(f"outage credits now need at least {new['credit_min_hours']} hours")
-        if old["premium_min_hours"] != new["premium_min_hours"]:
-            notes.append(f"premium plans now need at least {new['premium_min_hours']} outage hours for a credit")
-        if old["credit_amount"] != new["credit_amount"]:
-            notes.append(f"the outage credit is now {new['credit_amount']}")
-        if old["suspend_max_due"] != new["suspend_max_due"]:
-            notes.append(f"suspend a line only if the balance due is at most {new['suspend_max_due']}")
-        if old["tools"] != new["tools"]:
-            notes += tool_change_notes(TOOL_SETS[old["tools"]], TOOL_SETS[new["tools"]])
-        return notes

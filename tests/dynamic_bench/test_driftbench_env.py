@@ -154,3 +154,10 @@ def test_a_malformed_write_is_an_error_not_a_violation(env_id):
         while not (term or trunc):
             obs, r, term, trunc, info = env.step(agent.act(obs, info))
         assert info["verdict"]["success"] and info["verdict"]["breakdown"]["format"] < 1.0
+
+
+def test_reset_can_draw_a_silently_shifted_task():
+    env = make("driftbench/retail-v1")
+    _, info = env.reset(seed=0, options={"rule_version": 2, "shown_version": 1})
+    assert info["task"].rule_version == 2 and "within 30 days" in info["policy_text"]
+    assert info["task"].params["prior_rules"] == [[1, get_domain("retail").versions[1]]]
