@@ -10,6 +10,15 @@ Public API (see TEAM.md's contract):
 - Agents: `OracleAgent(seed=)`, `StaleAgent`, `RandomAgent(seed=)`, `run_episode`, `run_stream`.
 - Metrics: `dynamic_bench.metrics`.
 
+Actions (one per turn, one line): `NAME {json-args}`, e.g. `get_order {"order_id":"O-1042"}`;
+a reply, which ends the episode, is `reply {"text":"Order O-1042: refunded."}`.
+Observations are text: the first is the user's message (`user: I want a refund for order
+O-1042, it is damaged. My id is U-17.`), then tool results (`order O-1042: user=U-17 item=lamp
+amount=57 days=23 status=delivered`), errors (`error: unknown tool 'get_account'; tools: ...`)
+or what the simulated user did with a write (`approved; ok: refunded O-1042`,
+`user rejected it; nothing changed`, `user edited it to <action>; ok: ...`).
+Envs: `driftbench/retail-v1`, `driftbench/telecom-v1` (telecom carries the tool drift).
+
 Deviations from the contract: none in names. `parse_action` takes an optional second argument
 (the tool specs in force) to also check tool names, arguments and types; without it only
 the syntax is checked.
