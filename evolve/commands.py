@@ -27,7 +27,7 @@ def cycle(
     from evolve.cycle import CycleConfig, dry_run as plan, run_cycle
     from evolve.lock import CycleLocked
 
-    cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, rl_steps=rl_steps,
+    cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
                       gate_tasks=gate_tasks, tolerance=tolerance, seed=seed, dry_run=dry_run)
     if dry_run:
         typer.echo(json.dumps(plan(cfg), indent=2, default=str))
@@ -45,11 +45,12 @@ def demo(
     preset: str = typer.Option("small", help="Policy preset: small (the demo) or tiny (tests)."),
     episodes: int = typer.Option(0, help="Episodes in the drift stream (0: the preset's default)."),
     seed: int = typer.Option(0),
+    mode: str = typer.Option("auto", help="auto (full when every part is installed) | full | baseline."),
 ) -> None:
     """The end-to-end demo: drift stream, memory adapting online, one evolve cycle, the report."""
     from evolve.demo import DemoConfig, run_demo
 
-    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed))
+    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed, mode=mode))
     typer.echo(report["summary_text"])
 
 

@@ -32,10 +32,15 @@ class CycleConfig:
     seed: int = 0
     # training
     preset: str = "small"               # cold-start preset (training.coldstart)
+    base_model: str = ""                # the served base policy folder ("" = <data_dir>/policy, built if absent)
     rl_steps: int = 30
-    sft_epochs: int = 3
+    groups_per_step: int = 4
+    lr: float = 2e-4
+    sft_coef: float = 1.0               # weight of the users' corrections in each RL step
+    explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
+    max_turns: int = 8
     replay_share: float = 0.25          # share of older-rule tasks replayed during training
-    corrupt_rewards: bool = False       # test hook for the gate: train on flipped rewards
+    corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
     # gate
     gate_tasks: int = 24                # tasks per slice
     gate_seeds: int = 1
@@ -43,7 +48,7 @@ class CycleConfig:
     tolerance: float = 0.03
     min_improvement: float = 0.0
     # consolidation
-    consolidate_tasks: int = 8          # tasks per memory item when testing "handled without memory"
+    consolidate_tasks: int = 4          # tasks per memory item when testing "handled without memory"
     dry_run: bool = False
 
     def gate_config(self) -> GateConfig:

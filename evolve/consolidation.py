@@ -1,0 +1,89 @@
+"""Consolidation: retire memory items the promoted policy now handles without memory.
+
+An item is judged on the tasks it came from (its provenance trajectories' tasks): the promoted
+policy plays each of them greedily with *no* memory in its prompt; an item all of whose tasks
+succeed is retired with that reason, so dependence on external memory falls. Items about a
+case the policy still fails stay. Decisions are saved before any retirement, and an item that
+is already retired is left alone, so a rerun after a crash retires nothing twice.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from evolve.report import write_json
+from evolve.simulator.ledger import task_of
+
+KINDS = ("task_experience", "tool_knowledge", "strategy")  # about the policy's competence
+
+
+def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
+    """Live items of the tenants with the tasks of their provenance trajectories."""
+    from memory.models import NotFound
+
+    out = []
+    for tenant in sorted(tenants):
+        for it in mem.items(tenant, statuses=("candidate", "validated")):
+            if it.kind not in KINDS:
+                continue
+            tasks = {}
+            for p in it.provenance:
+                if p.trajectory_id and len(tasks) < per_item:
+                    try:
+                        t = task_of(mem.get_trajectory(p.trajectory_id, tenant))
+                    except NotFound:
+                        continue
+                    if t is not None:
+                        tasks[t.id] = t
+            if tasks:
+                out.append({"item": it, "tasks": list(tasks.values())})
+    return out
+
+
+def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, trajs: list,
+                fault: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    from evolve.stages import evaluate
+
+    path = Path(cycle_dir) / "consolidation.json"
+    if path.exists():
+        plan = json.loads(path.read_text())
+    else:
+        tenants = {t.tenant for t in trajs}
+        cands = candidates(mem, tenants, cfg.consolidate_tasks)
+        uniq = {t.id: t for c in cands for t in c["tasks"]}
+        tasks = list(uniq.values())
+        res = evaluate(cfg, adapter, version, {"items": tasks}, seed=cfg.seed * 11 + 3)["items"] if tasks else []
+        ok = {t.id: r for t, r in zip(tasks, res)}
+        # The same tasks as played online (serving policy + memory), from the trajectory log.
+        logged = {}
+        for tr in trajs:
+            task = task_of(tr)
+            if task is not None and task.id in ok:
+                logged.setdefault(task.id, int(tr.outcome == "success"))
+        decisions = []
+        for c in cands:
+            ids = [t.id for t in c["tasks"]]
+            wins = sum(ok[i] for i in ids)
+            decisions.append({"item_id": c["item"].id, "tenant": c["item"].tenant, "kind": c["item"].kind,
+                              "text": c["item"].text, "tasks": ids, "successes_without_memory": wins,
+                              "retire": wins == len(ids)})
+        plan = {"version": version, "decisions": decisions, "n_tasks": len(tasks),
+                "success_without_memory": sum(ok.values()) / max(1, len(ok)),
+                "success_with_memory_logged": (sum(logged.values()) / len(logged)) if logged else None}
+        write_json(path, plan)
+    fault()
+    retired = 0
+    for d in plan["decisions"]:
+        if not d["retire"]:
+            continue
+        it = mem.get(d["item_id"], d["tenant"])
+        if it.status in ("candidate", "validated"):
+            mem.retire(d["item_id"], f"handled without memory by policy {version}: "
+                                     f"{d['successes_without_memory']}/{len(d['tasks'])} of its tasks succeeded",
+                       tenant=d["tenant"])
+            retired += 1
+    return {"items_considered": len(plan["decisions"]), "retired": sum(d["retire"] for d in plan["decisions"]),
+            "retired_now": retired, "kept": sum(not d["retire"] for d in plan["decisions"]),
+            "tasks_evaluated": plan["n_tasks"], "success_without_memory": plan["success_without_memory"],
+            "success_with_memory_logged": plan["success_with_memory_logged"]}

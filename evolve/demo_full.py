@@ -1,0 +1,168 @@
+"""The full demo: service + simulated users + memory online + one evolve cycle, three arms.
+
+    stream (silent shift at 25%)      ─ static arm: the cold-start policy, no memory (in process)
+    episodes [0, c) over HTTP         ─ memory arm (shared by both memory arms up to the cycle)
+    evolve cycle at c (mine → train → gate → promote → consolidate)
+    episodes [c, N) over HTTP twice   ─ memory only (a copy of the data folder, no cycle)
+                                      ─ memory + evolve (the promoted policy, consolidated memory)
+    plus: the promoted policy with no memory on the same post-cycle tasks (in process)
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from evolve.demo import DemoConfig, arm_metrics
+from evolve.report import md_table, plot_arms, write_json
+
+TOKENS = "demo-token-0001=demo"
+SIZES = {  # episodes, cycle point, RL steps, gate tasks per slice
+    "tiny": dict(episodes=24, cycle_at=0.6, rl_steps=2, gate_tasks=6, max_turns=6, groups=2),
+    "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, gate_tasks=24, max_turns=8, groups=4),
+}
+
+
+def schedule(out: Path, shift_at: float = 0.25) -> Path:
+    """A silent shift to rule version 2 a quarter of the way in (DriftBench schedule file)."""
+    p = out / "stream.json"
+    p.write_text(json.dumps({"name": "demo-silent", "phases": [
+        {"version": 1}, {"at": shift_at, "version": 2, "announced": False, "kind": "silent"}]}))
+    return p
+
+
+def offline_arm(policy: Path, adapter: str | None, version: str, episodes: list, cfg: DemoConfig,
+                max_turns: int) -> list[float]:
+    """A policy with no memory on the stream's episodes, in process (same tasks and env seeds)."""
+    from training.engines import make_engine
+    from training.rl.runner import EpisodeRunnerFactory, rollout_tasks
+
+    engine = make_engine(f"torch:{policy}", seed=cfg.seed)
+    if adapter:
+        engine.load_adapter(adapter, version)
+    spec = EpisodeRunnerFactory(model=str(policy), env_id=f"driftbench/{cfg.domain}-v1", max_turns=max_turns)
+    out = []
+    for s in range(0, len(episodes), 32):
+        chunk = episodes[s:s + 32]
+        trajs = rollout_tasks(engine, engine.tokenizer, [e.task for e in chunk], cfg.seed * 1000 + s, spec,
+                              temperature=0.0)
+        out += [float(t.outcome == "success") for t in trajs]
+    engine.close()
+    return out
+
+
+def drive(url: str, cfg: DemoConfig, stream_file: Path, start: int, n: int, total: int, max_turns: int) -> list[dict]:
+    from evolve.simulator.run import SimConfig, simulate
+
+    res = simulate(SimConfig(url=url, users=2, episodes=n, start=start, stream_length=total, stream=str(stream_file),
+                             domain=cfg.domain, api_key=TOKENS.split("=")[0], seed=cfg.seed, temperature=0.0,
+                             max_turns=max_turns))
+    return res["episodes"]
+
+
+def run_full(cfg: DemoConfig) -> dict[str, Any]:
+    import torch
+
+    from dynamic_bench import make_stream, metrics
+    from evolve.cycle import CycleConfig, run_cycle
+    from evolve.service_proc import Service
+    from training.coldstart import ensure_coldstart
+
+    torch.set_num_threads(2)
+    size = SIZES.get(cfg.preset, SIZES["small"])
+    n = cfg.episodes or size["episodes"]
+    c = int(n * size["cycle_at"])
+    out = Path(cfg.out)
+    shutil.rmtree(out / "service", ignore_errors=True)
+    shutil.rmtree(out / "service-memory-only", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    timings: dict[str, float] = {}
+    sf = schedule(out)
+    stream = make_stream(str(sf), cfg.domain, n, cfg.seed)
+    window = metrics.default_window(n)
+    shifts = [s["index"] for s in stream.shifts]
+
+    # cold-start policy: built once, reused by every later demo run
+    policy = Path(ensure_coldstart(out / "policy", cfg.preset, cfg.seed))
+    timings["coldstart_s"] = time.time() - t0
+    data = out / "service"
+    data.mkdir(parents=True)
+    engine = f"torch:{policy}"
+    extra = ("--max-turns", str(size["max_turns"]), "--max-new-tokens", "48", "--temperature", "0")
+
+    t = time.time()
+    static = offline_arm(policy, None, "base", stream.episodes, cfg, size["max_turns"])
+    timings["static_arm_s"] = time.time() - t
+
+    t = time.time()
+    with Service(data, engine, TOKENS, *extra) as svc:
+        pre = drive(svc.url, cfg, sf, 0, c, n, size["max_turns"])
+    timings["traffic_before_cycle_s"] = time.time() - t
+    shutil.copytree(data, out / "service-memory-only")  # the memory-only world continues from here
+
+    t = time.time()
+    ccfg = CycleConfig(data_dir=str(data), domain=cfg.domain, preset=cfg.preset, seed=cfg.seed,
+                       rl_steps=size["rl_steps"], gate_tasks=size["gate_tasks"], groups_per_step=size["groups"],
+                       max_turns=size["max_turns"], base_model=str(policy))
+    state = run_cycle(ccfg)
+    timings["cycle_s"] = time.time() - t
+    gate_out = state.stages["gate"]["output"]
+    promoted = gate_out.get("outcome") == "promoted"
+
+    t = time.time()
+    with Service(data, engine, TOKENS, *extra) as svc:
+        post_evolve = drive(svc.url, cfg, sf, c, n - c, n, size["max_turns"])
+    with Service(out / "service-memory-only", engine, TOKENS, *extra) as svc:
+        post_memory = drive(svc.url, cfg, sf, c, n - c, n, size["max_turns"])
+    timings["traffic_after_cycle_s"] = time.time() - t
+
+    from runtime.policy_registry import PolicyRegistry
+    rec = PolicyRegistry(data).get(gate_out["candidate"]) if gate_out.get("candidate") else None
+    promoted_no_mem = offline_arm(policy, rec.adapter_path, rec.version, stream.episodes[c:], cfg,
+                                  size["max_turns"]) if rec else []
+
+    pre_s = [float(r["success"]) for r in pre]
+    arms = {"static policy": static,
+            "memory only": pre_s + [float(r["success"]) for r in post_memory],
+            "memory + evolve": pre_s + [float(r["success"]) for r in post_evolve]}
+    png = plot_arms(out / "curve.png", arms, shifts=shifts, promotions=[c] if promoted else [], window=window,
+                    title=f"Evolve demo: {cfg.domain}, silent shift at {shifts[0]}, cycle at {c} "
+                          f"({'promoted' if promoted else gate_out.get('outcome')})")
+    table = {k: arm_metrics(v, stream, window) for k, v in arms.items()}
+    new_rules = {"promoted policy, no memory": _mean(promoted_no_mem),
+                 "cold-start policy, no memory": _mean(static[c:]),
+                 "memory only (cold-start + memory)": _mean(arms["memory only"][c:]),
+                 "memory + evolve (promoted + memory)": _mean(arms["memory + evolve"][c:])}
+    gate_slices = (gate_out.get("gate") or {}).get("slices", {})
+    old = gate_slices.get("old_rules")
+    forgetting = (old["current"] - old["candidate"]) * 100 if old else None
+    cons = state.stages["consolidate"]["output"]
+    report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
+              "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "gate": gate_out,
+              "arms": table, "new_rules_after_cycle": new_rules, "forgetting_old_rules_points": forgetting,
+              "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
+              "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
+    write_json(out / "report.json", report)
+    arm_rows = [[k, v["aulc"], v["success_rate"], str(v["recovery_episodes"])] for k, v in table.items()]
+    md = [f"# Evolve demo ({cfg.preset}, {n} episodes, seed {cfg.seed})", "",
+          f"Silent shift to rule v2 at episode {shifts[0]}; `evolve cycle` at episode {c}: "
+          f"**{gate_out.get('outcome')}** ({gate_out.get('candidate')}). Wall time {report['wall_s']:.0f} s.", "",
+          md_table(["arm", "AULC", "success", "recovery episodes after the shift"], arm_rows), "",
+          "## After the cycle: success on the new rules (episodes after the cycle)", "",
+          md_table(["policy", "success"], [[k, v] for k, v in new_rules.items()]), "",
+          f"Forgetting on the old-rule slice (gate, v1 tasks): "
+          f"{'n/a' if forgetting is None else f'{forgetting:+.1f} points'}; "
+          f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}.", "",
+          "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
+          f"Cycle report: {report['cycle_report']}", ""]
+    (out / "report.md").write_text("\n".join(md))
+    report["summary_text"] = "\n".join(md[:12]) + f"\ncurve: {png}\nreport: {out / 'report.md'}"
+    return report
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

@@ -1,0 +1,189 @@
+"""Mining: trajectories and feedback since the last cycle → memory items and experience data.
+
+Memory items (each with provenance: trajectory, step, evidence, this cycle):
+- rules, from what users said when rejecting (`respond` feedback, one item per statement) and
+  from the corrections they made (edits and take-overs: "X was replaced by Y");
+- tool knowledge, from error observations (ids masked, so one item per kind of error);
+- user preferences, from how each user answers proposals (with enough evidence);
+- strategies, from successful episodes (the tool sequence per kind of request).
+Experience data: SFT examples from approved successes (the sampled token ids, exactly),
+corrections (the user's action in place of a proposed one), preference pairs (the approved or
+corrected action vs the rejected one in the same state) and the RL task pool (the users' tasks,
+weighted by learning value, plus older-rule tasks for replay).
+
+Items are keyed by their text, which the memory's dedup-on-write merges: re-mining the same
+window (a resumed cycle) adds provenance, never a second item.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter, defaultdict
+from typing import Any, Iterable
+
+from dynamic_bench.actions import Reply, ToolCall, parse_action
+from dynamic_bench.schema import Task, Trajectory
+from evolve.simulator.ledger import task_of
+
+_IDS = re.compile(r"\b[A-Z]-\d+\b")
+_NUM = re.compile(r"\d+")
+
+
+def _mask(text: str) -> str:
+    return _IDS.sub("#", text)
+
+
+def _template(instruction: str) -> str:
+    """The kind of request: ids and numbers masked."""
+    return _NUM.sub("N", _mask(instruction)).strip()
+
+
+def _tool(text: str) -> str | None:
+    a = parse_action(text)
+    return a.name if isinstance(a, ToolCall) else ("reply" if isinstance(a, Reply) else None)
+
+
+def rule_statements(text: str) -> list[str]:
+    """A user's reason, split into single statements ("no. a; b" → ["a", "b"])."""
+    body = re.sub(r"^\s*(no|nope)[.,:!]?\s*", "", text.strip(), flags=re.I)
+    return [s.strip().rstrip(".") for s in re.split(r"[;\n]", body) if len(s.strip()) > 3]
+
+
+def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int = 4) -> list[dict[str, Any]]:
+    """Memory item specs (for `MemoryService.add_many`), deduplicated within the window."""
+    specs: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def add(tenant: str, kind: str, text: str, traj: Trajectory, step: int | None, evidence: str,
+            payload: dict[str, Any]) -> None:
+        key = (tenant, kind, text)
+        s = specs.get(key)
+        if s is None:
+            specs[key] = {"tenant": tenant, "kind": kind, "text": text, "payload": {**payload, "support": 1,
+                                                                                    "trajectories": [traj.id]},
+                          "trajectory_id": traj.id, "step": step, "evidence": evidence, "source": "evolve",
+                          "cycle": cycle}
+        elif traj.id not in s["payload"]["trajectories"]:
+            s["payload"]["support"] += 1
+            s["payload"]["trajectories"].append(traj.id)
+
+    answers: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    answer_src: dict[tuple[str, str], Trajectory] = {}
+    for t in trajs:
+        task = task_of(t)
+        user = task.user_id if task else None
+        for f in t.feedback:
+            if user:
+                answers[(t.tenant, user)][f.kind] += 1
+                answer_src.setdefault((t.tenant, user), t)
+            if f.kind == "respond" and f.payload.get("text"):
+                for st in rule_statements(str(f.payload["text"])):
+                    add(t.tenant, "task_experience", f"Rule: {st}.", t, f.step,
+                        f"user said {f.payload['text']!r} rejecting {f.payload.get('proposed')}",
+                        {"type": "rule", "statement": st})
+            elif f.kind in ("edit", "takeover") and f.payload.get("action"):
+                a, b = _tool(str(f.payload.get("proposed", ""))), _tool(str(f.payload["action"]))
+                if a and b and a != b:
+                    add(t.tenant, "task_experience",
+                        f"Rule: when you would {a} for a request like '{_template(task.instruction) if task else ''}', "
+                        f"users {'replace' if f.kind == 'edit' else 'do'} {b} instead.", t, f.step,
+                        f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
+                        {"type": "correction", "from": a, "to": b})
+        for s in t.steps:
+            if s.observation.startswith("error:") or " is deprecated" in s.observation:
+                msg = _mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
+                add(t.tenant, "tool_knowledge", f"Tool note: {msg.removeprefix('error: ')}", t, s.index,
+                    f"{s.action_text} -> {s.observation}", {"type": "tool_error", "tool": _tool(s.action_text)})
+        if t.outcome == "success" and task is not None:
+            seq = [n for n in (_tool(s.action_text) for s in t.steps) if n]
+            corrected = any(f.kind != "approve" for f in t.feedback)
+            if seq and not corrected:
+                add(t.tenant, "strategy", f"Strategy: for a request like '{_template(task.instruction)}', "
+                    f"{' then '.join(seq)} succeeded.", t, None, f"{t.id} succeeded",
+                    {"type": "strategy", "sequence": seq})
+    for (tenant, user), c in answers.items():
+        n = sum(c.values())
+        if n >= min_pref_evidence:
+            kind, k = c.most_common(1)[0]
+            verb = {"approve": "approves", "reject": "rejects", "respond": "explains rejections of",
+                    "edit": "edits", "takeover": "takes over"}.get(kind, kind)
+            add(tenant, "user_preference", f"User {user} usually {verb} proposed changes.",
+                answer_src[(tenant, user)], None, f"{k} of {n} answers were {kind}",
+                {"type": "preference", "user": user, "answers": dict(c)})
+    return list(specs.values())
+
+
+def experience(trajs: Iterable[Trajectory]) -> dict[str, list[dict[str, Any]]]:
+    """SFT examples, corrections and preference pairs from the logged token ids and feedback."""
+    sft, corrections, pairs = [], [], []
+    approved_at: dict[str, dict[str, Any]] = {}  # prompt hash -> an approved completion in that state
+    rejected_at: list[tuple[str, dict[str, Any]]] = []
+    for t in trajs:
+        fb = {f.step: f for f in t.feedback if f.step is not None}
+        for s in t.steps:
+            if not s.prompt_token_ids or not s.completion_token_ids:
+                continue
+            h = hashlib.sha1(str(s.prompt_token_ids).encode()).hexdigest()
+            f = fb.get(s.index)
+            base = {"trajectory_id": t.id, "step": s.index, "prompt_token_ids": s.prompt_token_ids,
+                    "task_id": t.task_id, "tenant": t.tenant, "policy_version": s.policy_version}
+            if f is None or f.kind == "approve":
+                if t.outcome == "success":
+                    sft.append({**base, "completion_token_ids": s.completion_token_ids, "action_text": s.action_text})
+                if f is not None:
+                    approved_at.setdefault(h, {**base, "completion_token_ids": s.completion_token_ids,
+                                               "action_text": s.action_text})
+            elif f.kind in ("edit", "takeover") and f.payload.get("action"):
+                corrections.append({**base, "action_text": f.payload["action"], "rejected_text": s.action_text})
+                pairs.append({**base, "chosen_text": f.payload["action"], "rejected_text": s.action_text,
+                              "rejected_token_ids": s.completion_token_ids, "source": f.kind})
+            elif f.kind in ("reject", "respond"):
+                rejected_at.append((h, {**base, "rejected_text": s.action_text,
+                                        "rejected_token_ids": s.completion_token_ids}))
+    for h, r in rejected_at:  # approved vs rejected in the same state (same prompt ids)
+        a = approved_at.get(h)
+        if a is not None and a["action_text"] != r["rejected_text"]:
+            pairs.append({**r, "chosen_text": a["action_text"], "chosen_token_ids": a["completion_token_ids"],
+                          "source": "approved-vs-rejected"})
+    return {"sft": sft, "corrections": corrections, "pairs": pairs}
+
+
+def task_pool(trajs: list[Trajectory], max_tasks: int, seed: int) -> list[dict[str, Any]]:
+    """The users' tasks, weighted by learning value (training's scheduler), best first.
+
+    The scheduler is fed each task's logged outcomes: a task the agent failed or needed
+    correcting on is worth training on; one it always solved is not.
+    """
+    from training.rl.scheduler import SchedulerConfig, TaskScheduler
+
+    sched = TaskScheduler(SchedulerConfig())
+    tasks: dict[str, Task] = {}
+    for t in trajs:
+        task = task_of(t)
+        if task is None:
+            continue
+        tasks.setdefault(task.id, task)
+        sched.add_task(task.id)
+        ok = t.outcome == "success" and all(f.kind == "approve" for f in t.feedback)
+        sched.update(task.id, [float(t.reward)], [ok])
+    rows = [{"task": tasks[tid], "learning_value": float(sched.learning_value(tid))} for tid in tasks]
+    rows.sort(key=lambda r: (-r["learning_value"], r["task"].id))
+    return rows[:max_tasks]
+
+
+def rule_contexts(trajs: list[Trajectory]) -> list[dict[str, Any]]:
+    """Distinct (rules in force, rules shown) contexts of the window, most recent last."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in trajs:
+        task = task_of(t)
+        if task is None:
+            continue
+        p = task.params
+        key = repr((sorted(p["rules"].items()), sorted(p["shown_rules"].items())))
+        ctx = seen.pop(key, {"rules": p["rules"], "shown_rules": p["shown_rules"],
+                             "shown_version": p["shown_version"], "version": task.rule_version,
+                             "prior": p.get("prior_rules", []), "domain": task.domain, "n": 0})
+        ctx["n"] += 1
+        seen[key] = ctx
+    return list(seen.values())
+
+

@@ -1,0 +1,312 @@
+"""The cycle's stages (evolve/cycle.py runs them in order, persisting each one's output).
+
+Every stage is safe to rerun after a crash: mining writes one all-or-nothing batch whose items
+the memory's dedup-on-write merges with their earlier copies; experience files are rewritten
+atomically; training resumes from its own checkpoint; the gate's evaluation is saved before the
+decision, and promotion/rejection/retirement check the registry and item status first.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from evolve.cycle import CycleConfig, CycleContext, read_cursor
+from evolve.report import write_cycle_report, write_json
+
+REPLAY_VERSION = 1  # the first rule version: the old-rule slice and the replay tasks
+
+
+# ---- shared handles ------------------------------------------------------------------------------
+def memory(ctx: CycleContext):
+    if "memory" not in ctx.cache:
+        from memory import MemoryService
+
+        ctx.cache["memory"] = MemoryService(ctx.data_dir / "memory")
+    return ctx.cache["memory"]
+
+
+def registry(ctx: CycleContext):
+    from runtime.policy_registry import PolicyRegistry
+
+    return PolicyRegistry(ctx.data_dir)
+
+
+def base_policy(cfg: CycleConfig) -> Path:
+    """The base policy the service serves: `cfg.base_model`, or the cold-start policy under the data folder."""
+    if cfg.base_model:
+        return Path(cfg.base_model)
+    from training.coldstart import ensure_coldstart
+
+    return Path(ensure_coldstart(Path(cfg.data_dir) / "policy", cfg.preset, cfg.seed))
+
+
+def window(ctx: CycleContext) -> list:
+    """The trajectories this cycle mines: after the cycle's start cursor, up to its saved end cursor."""
+    mem = memory(ctx)
+    ids = set(json.loads((ctx.dir / "window.json").read_text())["trajectory_ids"])
+    page = mem.trajectories(after_cursor=ctx.state.after_cursor)
+    return [t for t in page.trajectories if t.id in ids]
+
+
+def _in_scope(cfg: CycleConfig, t) -> bool:
+    return not cfg.tenants or t.tenant in cfg.tenants
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+# ---- 1. mine ---------------------------------------------------------------------------------------
+def mine(ctx: CycleContext) -> dict:
+    from evolve.mining import mine_items
+
+    mem = memory(ctx)
+    page = mem.trajectories(after_cursor=ctx.state.after_cursor)
+    trajs = [t for t in page.trajectories if _in_scope(ctx.cfg, t)]
+    write_json(ctx.dir / "window.json", {"trajectory_ids": [t.id for t in trajs], "cursor": page.cursor})
+    specs = mine_items(trajs, ctx.state.cycle_id)
+    items = mem.add_many(specs) if specs else []  # one transaction: all of it or none of it
+    ctx.fault_point("mine")
+    validated = 0
+    for spec, it in zip(specs, items):
+        if spec["payload"]["support"] >= 2 and it.status == "candidate":
+            mem.validate(it.id, f"supported by {spec['payload']['support']} trajectories in {ctx.state.cycle_id}",
+                         tenant=it.tenant)
+            validated += 1
+    return {"trajectories": len(trajs), "cursor": page.cursor, "items": len(items),
+            "item_ids": sorted({it.id for it in items}), "validated": validated,
+            "by_kind": dict(Counter(s["kind"] for s in specs)),
+            "feedback": sum(len(t.feedback) for t in trajs)}
+
+
+# ---- 2. experience -------------------------------------------------------------------------------
+def _corrupt(task, rng: random.Random):
+    """A deliberately wrong reward: the task's rules in force replaced by random rule values."""
+    from dynamic_bench import get_domain
+
+    d = get_domain(task.domain)
+    return task.model_copy(update={"params": {**task.params, "rules": d.random_rules(rng)}})
+
+
+def experience(ctx: CycleContext) -> dict:
+    from dynamic_bench import generate_tasks
+    from evolve.mining import experience as build, rule_contexts, task_pool
+
+    cfg = ctx.cfg
+    trajs = window(ctx)
+    out = ctx.dir / "experience"
+    out.mkdir(exist_ok=True)
+    exp = build(trajs)
+    for name, rows in exp.items():
+        _write_jsonl(out / f"{name}.jsonl", rows)
+    pool = task_pool(trajs, max_tasks=64, seed=cfg.seed)
+    rng = random.Random(f"corrupt/{cfg.seed}")
+    if cfg.corrupt_rewards:
+        pool = [{**r, "task": _corrupt(r["task"], rng), "corrupted": True} for r in pool]
+    n_replay = round(len(pool) * cfg.replay_share / max(1e-9, 1 - cfg.replay_share)) if pool else 0
+    replay = generate_tasks(cfg.domain, n_replay, seed=cfg.seed + 17, split="train",
+                            rule_version=REPLAY_VERSION) if n_replay else []
+    rows = [{"task": r["task"].model_dump(mode="json"), "learning_value": r["learning_value"], "replay": False}
+            for r in pool] + [{"task": t.model_dump(mode="json"), "learning_value": None, "replay": True}
+                              for t in replay]
+    _write_jsonl(out / "tasks.jsonl", rows)
+    contexts = rule_contexts(trajs)
+    write_json(out / "contexts.json", contexts)
+    return {"sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
+            "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
+            "rule_contexts": len(contexts), "corrupted": bool(cfg.corrupt_rewards)}
+
+
+# ---- 3. train ------------------------------------------------------------------------------------
+def train(ctx: CycleContext) -> dict:
+    from dynamic_bench.schema import Task
+    from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
+
+    cfg = ctx.cfg
+    rows = _read_jsonl(ctx.dir / "experience" / "tasks.jsonl")
+    learn = [r for r in rows if not r["replay"]]
+    if not learn:
+        return {"skipped": "no tasks to learn from", "candidate": None}
+    pool = TaskPool()
+    for r in rows:
+        t = Task.model_validate(r["task"])
+        pool.tasks[t.id] = t
+        if r["replay"]:
+            pool.replay.add(t.id)
+    base = base_policy(cfg)
+    rl = RLConfig(model=str(base), out_dir=str(ctx.dir / "train"), env_id=f"driftbench/{cfg.domain}-v1",
+                  steps=cfg.rl_steps, groups_per_step=cfg.groups_per_step, seed=cfg.seed,
+                  sft_coef=cfg.sft_coef, explore_eps=cfg.explore_eps, replay_share=cfg.replay_share,
+                  n_workers=1, eta=0, lr=cfg.lr, max_turns=cfg.max_turns, progress=True, resume=True)
+    t0 = time.time()
+    adapter = train_rl(rl, pool=pool)
+    ctx.fault_point("train")
+    version = f"v-{ctx.state.cycle_id}" + ("-corrupt" if cfg.corrupt_rewards else "")
+    dest = ctx.data_dir / "policies" / "adapters" / version
+    if not (dest / "adapter_config.json").exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(adapter, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    reg = registry(ctx)
+    reg.register(version, dest, parent=reg.current_version(), base_model=str(base), cycle=ctx.state.cycle_id)
+    m = read_metrics(ctx.dir / "train")
+    return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
+            "final_reward_mean": m[-1].get("reward_mean") if m else None,
+            "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay)}
+
+
+# ---- 4. gate -------------------------------------------------------------------------------------
+def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
+    """Test-split tasks per slice: the latest rules as users meet them, older rules still in force
+    for some users (else the first version: forgetting), and the latest rules announced (held out)."""
+    from dynamic_bench import get_domain
+    from dynamic_bench.tasks import make_task
+
+    d = get_domain(cfg.domain)
+    rng = random.Random(f"gate/{cfg.seed}")
+    n = cfg.gate_tasks
+
+    def tasks(rules, shown, prior, k) -> list:
+        return [make_task(d, rng, rule_version=rules, split="test", prior=prior, shown=shown) for _ in range(k)]
+
+    v1 = d.versions[REPLAY_VERSION]
+    out: dict[str, list] = {}
+    if contexts:
+        last = contexts[-1]
+        prior = [(v, r) for v, r in last["prior"]]
+        out["current"] = tasks(last["rules"], (last["shown_version"], last["shown_rules"]), prior, n)
+        older = [c for c in contexts[:-1] if c["rules"] != last["rules"]]
+        out["old_rules"] = []
+        for c in older or [{"rules": v1, "shown_rules": v1, "shown_version": REPLAY_VERSION, "prior": []}]:
+            out["old_rules"] += tasks(c["rules"], (c["shown_version"], c["shown_rules"]),
+                                      [(v, r) for v, r in c["prior"]], max(1, n // max(1, len(older))))
+        out["held_out"] = tasks(last["rules"], (0, last["rules"]), prior, n)
+    else:
+        out["current"] = tasks(v1, (REPLAY_VERSION, v1), [], n)
+    return out
+
+
+def evaluate(cfg: CycleConfig, adapter: str | None, version: str, slices: dict[str, list], seed: int) -> dict[str, list[int]]:
+    """Greedy outcomes (1/0) per task, no memory, same tasks and env seeds for every policy."""
+    from training.engines import make_engine
+    from training.rl.runner import EpisodeRunnerFactory, rollout_tasks
+
+    base = base_policy(cfg)
+    engine = make_engine(f"torch:{base}", seed=seed)
+    if adapter:
+        engine.load_adapter(adapter, version)
+    spec = EpisodeRunnerFactory(model=str(base), env_id=f"driftbench/{cfg.domain}-v1", max_turns=cfg.max_turns)
+    out = {}
+    for name, tasks in slices.items():
+        trajs = []
+        for s in range(0, len(tasks), 32):
+            trajs += rollout_tasks(engine, engine.tokenizer, tasks[s:s + 32], seed + s, spec, temperature=0.0)
+        out[name] = [int(t.outcome == "success") for t in trajs]
+    engine.close()
+    return out
+
+
+def gate(ctx: CycleContext) -> dict:
+    from evolve.gate import decide
+
+    cfg = ctx.cfg
+    cand = ctx.output("train").get("candidate")
+    reg = registry(ctx)
+    if not cand:
+        return {"outcome": "nothing-to-learn", "candidate": None, "serving": reg.current_version()}
+    rec = reg.get(cand)
+    if rec.status in ("promoted", "rejected"):  # decided before a crash: keep that decision
+        return json.loads((ctx.dir / "gate.json").read_text())["result"]
+    ev_path = ctx.dir / "gate_eval.json"
+    if ev_path.exists():
+        ev = json.loads(ev_path.read_text())
+    else:
+        contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
+        slices = gate_slices(cfg, contexts)
+        cur = reg.current()
+        seed = cfg.seed * 7 + 1
+        ev = {"current_version": reg.current_version(), "candidate_version": cand,
+              "n_tasks": {k: len(v) for k, v in slices.items()},
+              "current": evaluate(cfg, cur.adapter_path if cur else None, reg.current_version(), slices, seed),
+              "candidate": evaluate(cfg, rec.adapter_path, cand, slices, seed)}
+        write_json(ev_path, ev)
+    d = decide({k: (ev["candidate"][k], ev["current"][k]) for k in ev["current"]}, cfg.gate_config())
+    outcome = "promoted" if d.promote else "rejected"
+    result = {"outcome": outcome, "candidate": cand, "previous": ev["current_version"],
+              "reasons": d.reasons, "gate": d.to_dict()}
+    write_json(ctx.dir / "gate.json", {"result": result})
+    ctx.fault_point("gate")
+    reason = f"{ctx.state.cycle_id}: " + "; ".join(d.reasons)
+    if d.promote:
+        reg.promote(cand, reason)  # a no-op when it already serves
+    elif reg.get(cand).status != "rejected":
+        reg.reject(cand, reason)
+    return result
+
+
+# ---- 5. consolidate -------------------------------------------------------------------------------
+def consolidate(ctx: CycleContext) -> dict:
+    from evolve.consolidation import consolidate as run
+
+    g = ctx.output("gate")
+    if g.get("outcome") != "promoted":
+        return {"skipped": f"no promotion ({g.get('outcome')})", "retired": 0}
+    rec = registry(ctx).get(g["candidate"])
+    return run(ctx.cfg, memory(ctx), rec.adapter_path, rec.version, ctx.dir, window(ctx),
+               fault=lambda: ctx.fault_point("consolidate"))
+
+
+# ---- 6. report -----------------------------------------------------------------------------------
+def report(ctx: CycleContext) -> dict:
+    st = ctx.state
+    g = ctx.output("gate")
+    rep = {"cycle_id": st.cycle_id, "outcome": g.get("outcome"), "started_at": st.started_at,
+           "after_cursor": st.after_cursor, "config": ctx.cfg.__dict__,
+           "stages": {k: {kk: vv for kk, vv in (v.get("output") or {}).items() if kk not in ("item_ids", "gate")}
+                      for k, v in st.stages.items() if k != "report"},
+           "gate": g.get("gate"), "consolidation": ctx.output("consolidate")}
+    paths = write_cycle_report(ctx.dir, rep)
+    if "memory" in ctx.cache:
+        ctx.cache.pop("memory").close()
+    return {k: str(v) for k, v in paths.items()}
+
+
+# ---- dry run ---------------------------------------------------------------------------------------
+def plan(cfg: CycleConfig) -> dict:
+    """What a cycle would do now; reads the log and the registry, writes nothing of the cycle's."""
+    from evolve.lock import CycleLock
+    from evolve.mining import experience as build, mine_items, rule_contexts
+    from memory import MemoryService
+    from runtime.policy_registry import PolicyRegistry
+
+    data = Path(cfg.data_dir)
+    lock = CycleLock(data / "cycles" / "cycle.lock").read()
+    mem = MemoryService(data / "memory")
+    try:
+        page = mem.trajectories(after_cursor=read_cursor(data))
+    finally:
+        mem.close()
+    trajs = [t for t in page.trajectories if not cfg.tenants or t.tenant in cfg.tenants]
+    specs = mine_items(trajs, "dry-run")
+    exp = build(trajs)
+    return {"dry_run": True, "lock": lock.describe() if lock else "free",
+            "trajectories_since_last_cycle": len(trajs), "cursor": page.cursor,
+            "would_mine_items": len(specs), "by_kind": dict(Counter(s["kind"] for s in specs)),
+            "examples": [s["text"] for s in specs[:8]],
+            "experience": {k: len(v) for k, v in exp.items()}, "rule_contexts": len(rule_contexts(trajs)),
+            "serving": PolicyRegistry(data).current_version(),
+            "would_train": f"{cfg.rl_steps} RL steps from the {cfg.preset} cold-start policy" if trajs else "nothing",
+            "would_gate": f"{cfg.gate_tasks} tasks per slice, alpha {cfg.alpha}, tolerance {cfg.tolerance}"}
