@@ -40,8 +40,14 @@ class Engine(ABC):
         """Sample one completion per prompt (prompt token ids in, completion ids + logprobs out)."""
 
     @abstractmethod
-    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        """Log-probability of each completion token given the prompt, under the loaded weights."""
+    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                 temperature: float = 1.0) -> list[float]:
+        """Log-probability of each completion token given the prompt, under the loaded weights.
+
+        Convention of every engine: sampled-token logprobs come from `log_softmax(logits / T)`
+        (T the sampling temperature, before top-p; T = 0 scores at T = 1), and this method
+        scores the same way, so behaviour and recomputed logprobs compare like for like.
+        """
 
     @abstractmethod
     def load_adapter(self, adapter_path: str | None, version: str) -> None:

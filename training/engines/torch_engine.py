@@ -1,0 +1,177 @@
+"""`TorchEngine`: the embedded default engine. In process, batched, KV cache, seeded, LoRA hot-swap.
+
+Logprob convention shared by every engine: the logprob of a sampled token is taken from
+`log_softmax(logits / T)` (the distribution it was sampled from, before top-p truncation);
+greedy decoding (T = 0) reports `log_softmax(logits)`. `logprobs(..., temperature=T)` scores
+the same way, so behaviour and trainer logprobs compare like for like.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from training.engines.base import Engine, Generation, SamplingParams
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> tuple[int, float]:
+    """Sample one token from a 1-D logits row; return (token id, its logprob per the convention)."""
+    if params.temperature <= 0:
+        lp = torch.log_softmax(logits, dim=-1)
+        tok = int(torch.argmax(logits))
+        return tok, float(lp[tok])
+    lp = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = lp.exp()
+    if params.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p
+        masked = torch.zeros_like(probs)
+        masked[idx[keep]] = probs[idx[keep]]
+        probs = masked
+    tok = int(torch.multinomial(probs, 1, generator=gen))
+    return tok, float(lp[tok])
+
+
+class TorchEngine(Engine):
+    """Runs a HF causal LM in this process; LoRA adapters are loaded once per version and switched."""
+
+    def __init__(self, model_path: str | Path | None = None, *, model=None, tokenizer=None,
+                 adapter: str | None = None, version: str = "base", seed: int = 0,
+                 max_batch_size: int = 64, keep_adapters: int = 4) -> None:
+        from training.policy import load_model, load_tokenizer
+
+        if model is None:
+            if model_path is None:
+                raise ValueError("TorchEngine needs a model_path or a model")
+            model = load_model(model_path)
+        self.model = model.eval()
+        self.tokenizer = tokenizer if tokenizer is not None else (load_tokenizer(model_path) if model_path else None)
+        self.model_path = str(model_path) if model_path else None
+        self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.pad_id = int(self.tokenizer.pad_token_id) if self.tokenizer is not None else 0
+        self.max_batch_size = max_batch_size
+        self.keep_adapters = keep_adapters
+        self._rng = torch.Generator().manual_seed(seed)
+        self._peft = None
+        self._adapters: dict[str, str] = {}  # version -> adapter path, oldest first
+        self._active: str | None = None
+        self.policy_version = version
+        self.last_swap_ms = 0.0
+        if adapter is not None:
+            self.load_adapter(adapter, version)
+
+    # -- adapters ---------------------------------------------------------------------------
+    def load_adapter(self, adapter_path: str | None, version: str) -> None:
+        t0 = time.perf_counter()
+        if adapter_path is None:
+            self._active = None
+        else:
+            path = str(adapter_path)
+            if self._adapters.get(version) != path:
+                self._load(path, version)
+            self._peft.set_adapter(version)
+            self._active = version
+        self.policy_version = version
+        self.last_swap_ms = (time.perf_counter() - t0) * 1000
+
+    def _load(self, path: str, version: str) -> None:
+        from peft import PeftModel
+
+        if not (Path(path) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"no LoRA adapter (adapter_config.json) in {path}")
+        if self._peft is None:
+            self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=version, is_trainable=False)
+            self._peft.eval()
+        else:
+            if version in self._adapters:
+                self._peft.delete_adapter(version)
+                del self._adapters[version]
+            self._peft.load_adapter(path, adapter_name=version, is_trainable=False)
+        self._adapters[version] = path
+        while len(self._adapters) > self.keep_adapters:  # bound memory: drop the oldest idle adapter
+            old = next(v for v in self._adapters if v != version and v != self._active)
+            self._peft.delete_adapter(old)
+            del self._adapters[old]
+
+    def _net(self):
+        """The module to call, inside a context that disables adapters when the base is active."""
+        if self._peft is None:
+            return self.model, contextlib.nullcontext()
+        if self._active is None:
+            return self._peft, self._peft.disable_adapter()
+        return self._peft, contextlib.nullcontext()
+
+    # -- sampling ---------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            chunk = prompts[start:start + self.max_batch_size]
+            seeds = [None if params.seed is None else params.seed + start + i for i in range(len(chunk))]
+            out.extend(self._generate_batch(chunk, params, seeds))
+        return out
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token id")
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_len:
+            raise ValueError(f"prompt of {longest} tokens does not fit the model context ({self.max_len})")
+        max_new = min(params.max_new_tokens, self.max_len - longest)
+        gens = [torch.Generator().manual_seed(s) if s is not None else self._rng for s in seeds]
+        b = len(prompts)
+        ids = torch.full((b, longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, longest), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, longest - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        stops = set(params.stop_token_ids)
+        toks: list[list[int]] = [[] for _ in range(b)]
+        lps: list[list[float]] = [[] for _ in range(b)]
+        done = [False] * b
+        reason = ["length"] * b
+        net, ctx = self._net()
+        with ctx:
+            res = net(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            past, logits = res.past_key_values, res.logits[:, -1, :].float()
+            last_pos = pos[:, -1]
+            for _ in range(max_new):
+                nxt = torch.full((b, 1), self.pad_id, dtype=torch.long)
+                for i in range(b):
+                    if done[i]:
+                        continue
+                    tok, lp = sample_token(logits[i], params, gens[i])
+                    toks[i].append(tok)
+                    lps[i].append(lp)
+                    nxt[i, 0] = tok
+                    if tok in stops:
+                        done[i], reason[i] = True, "stop"
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+                last_pos = last_pos + 1
+                res = net(input_ids=nxt, attention_mask=mask, position_ids=last_pos[:, None],
+                          past_key_values=past, use_cache=True)
+                past, logits = res.past_key_values, res.logits[:, -1, :].float()
+        return [Generation(token_ids=toks[i], logprobs=lps[i], finish_reason=reason[i],
+                           policy_version=self.policy_version) for i in range(b)]
+
+    # -- scoring ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                 temperature: float = 1.0) -> list[float]:
+        if not completion_ids:
+            return []
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], dtype=torch.long)
+        net, ctx = self._net()
+        with ctx:
+            logits = net(input_ids=ids).logits[0].float()
+        n = len(completion_ids)
+        scaled = logits[-n - 1:-1] / (temperature if temperature > 0 else 1.0)
+        lp = torch.log_softmax(scaled, dim=-1)
+        target = torch.tensor(list(completion_ids), dtype=torch.long)
+        return lp.gather(1, target[:, None])[:, 0].tolist()
