@@ -17,6 +17,7 @@ def cycle(
     data_dir: Path = typer.Option(Path("runs/evolve"), help="The service's data folder (memory, policies, cycles)."),
     domain: str = typer.Option("retail", help="DriftBench domain the gate evaluates on."),
     preset: str = typer.Option("small", help="Cold-start policy preset."),
+    base_model: str = typer.Option("", help="Base policy folder the service serves (default: <data-dir>/policy)."),
     rl_steps: int = typer.Option(30, help="RL learner steps for the candidate adapter."),
     gate_tasks: int = typer.Option(24, help="Tasks per gate slice."),
     tolerance: float = typer.Option(0.03, help="Largest allowed success drop on any other slice."),
