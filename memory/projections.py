@@ -32,12 +32,26 @@ def collection_name(tenant: str) -> str:
     return "t_" + hashlib.sha1(tenant.encode()).hexdigest()[:24]
 
 
+def release_chroma(path: Path) -> None:
+    """Forget chromadb's in-process system for `path` (it caches one per persist directory), so
+    the next client really reopens the files (after a close, a delete or a corruption)."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+    system = SharedSystemClient._identifier_to_system.pop(str(path), None)
+    SharedSystemClient._identifier_to_refcount.pop(str(path), None)
+    if system is not None:
+        try:
+            system.stop()
+        except Exception:  # noqa: BLE001 - best effort: the files may already be gone
+            pass
+
+
 class VectorProjection:
     """Per-tenant chromadb collections of live items (embeddings come from the cache)."""
 
     def __init__(self, path: Path | None, http_url: str | None, notices: list[str]):
         self.path, self.http_url, self.notices = path, http_url, notices
         self._cols: dict[str, Any] = {}
+        self.fresh = path is not None and not (path / "chroma.sqlite3").exists()
         self.client = self._open()
         self.meta = self.client.get_or_create_collection(META, embedding_function=self._ef())
         self.last_seq = int((self.meta.metadata or {}).get("last_seq", 0))
@@ -56,7 +70,11 @@ class VectorProjection:
             u = urlparse(self.http_url)
             return chromadb.HttpClient(host=u.hostname or "127.0.0.1", port=u.port or 8000,
                                        ssl=u.scheme == "https", settings=settings)
-        assert self.path is not None
+        if self.path is None:  # no data dir (e.g. a Postgres ledger): a private temporary store
+            import tempfile
+            self.path = Path(tempfile.mkdtemp(prefix="evolve-chroma-"))
+        if self.fresh:
+            release_chroma(self.path)  # chromadb caches a system per path: drop a deleted one
         try:
             client = chromadb.PersistentClient(path=str(self.path), settings=settings)
             meta = client.get_or_create_collection(META, embedding_function=self._ef())
@@ -71,11 +89,7 @@ class VectorProjection:
                    f"{str(e)[:120]}); moved it to {aside.name} and rebuilding it from the ledger")
             log.warning(msg)
             self.notices.append(msg)
-            try:
-                from chromadb.api.shared_system_client import SharedSystemClient
-                SharedSystemClient.clear_system_cache()
-            except Exception:  # noqa: BLE001
-                pass
+            release_chroma(self.path)
             if self.path.exists():
                 shutil.move(str(self.path), str(aside))
             return chromadb.PersistentClient(path=str(self.path), settings=settings)
@@ -143,6 +157,11 @@ class VectorProjection:
     def count(self) -> int:
         return sum(self.client.get_collection(c.name).count()
                    for c in self.client.list_collections() if c.name != META)
+
+    def close(self) -> None:
+        if self.path is not None and not self.http_url:
+            self._cols.clear()
+            release_chroma(self.path)
 
     def set_last_seq(self, seq: int) -> None:
         self.meta.modify(metadata={"last_seq": int(seq)})

@@ -73,8 +73,7 @@ class MemoryService:
             ddir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(cfg.ledger_url or ledger_url(ddir))  # type: ignore[arg-type]
         self.embedder = CachedEmbedder(self.ledger)
-        self.vec = VectorProjection(ddir / "chroma" if ddir else None, cfg.chroma_url, self.notices) \
-            if (ddir or cfg.chroma_url) else VectorProjection(None, None, self.notices)
+        self.vec = VectorProjection(ddir / "chroma" if ddir else None, cfg.chroma_url, self.notices)
         self.graph = GraphProjection(ddir / "graph.json" if ddir else None, self.notices)
         self.kw = KeywordIndex()
         self.kw_seq = 0
@@ -85,6 +84,11 @@ class MemoryService:
     def _check_vector_consistency(self) -> None:
         """A vector store that lost rows (deleted files, partial restore) is rebuilt, loudly."""
         if self.vec.last_seq == 0:
+            if self.vec.fresh and self.ledger.max_seq() > 0:
+                msg = (f"vector projection at {self.vec.path} is missing; rebuilding it from the "
+                       f"ledger")
+                log.warning(msg)
+                self.notices.append(msg)
             return
         live = sum(n for s, n in self.ledger.count_items().items() if s in LIVE_STATUSES)
         have = self.vec.count()
@@ -143,6 +147,7 @@ class MemoryService:
             if self._closed:
                 return
             self.graph.save(self.sync())
+            self.vec.close()
             self.ledger.close()
             self._closed = True
 
