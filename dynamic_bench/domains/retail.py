@@ -51,8 +51,8 @@ TOOL_SETS = {
 VERSIONS: dict[int, Rules] = {
     1: {"refund_window": 30, "extended_window": 30, "extended_tiers": ["gold"], "escalate_over": 200,
         "exchange_window": 30, "gold_coupon": 0, "tools": 1},
-    2: {"refund_window": 14, "extended_window": 30, "extended_tiers": ["gold"], "escalate_over": 150,
-        "exchange_window": 14, "gold_coupon": 10, "tools": 1},
+    2: {"refund_window": 20, "extended_window": 35, "extended_tiers": ["gold"], "escalate_over": 150,
+        "exchange_window": 20, "gold_coupon": 10, "tools": 1},
     3: {"refund_window": 21, "extended_window": 45, "extended_tiers": ["gold", "silver"], "escalate_over": 100,
         "exchange_window": 30, "gold_coupon": 0, "tools": 1},
 }
@@ -170,7 +170,7 @@ class Retail(Domain):
 
     def sample_params(self, rng: random.Random, user: dict) -> dict:
         oid = f"O-{rng.randint(1000, 9999)}"
-        order = {"item": rng.choice(ITEMS), "amount": rng.randint(5, 300), "days": rng.randint(1, 50),
+        order = {"item": rng.choice(ITEMS), "amount": rng.randint(5, 300), "days": rng.randint(1, 40),
                  "status": "delivered" if rng.random() < 0.93 else rng.choice(["shipped", "refunded"])}
         return {"kind": rng.choices(["refund", "exchange"], weights=(3, 1))[0], "order_id": oid,
                 "reason": rng.choice(REASONS), "user_id": user["user_id"],

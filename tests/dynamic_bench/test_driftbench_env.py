@@ -1,5 +1,9 @@
 """The environment: checker on every domain, observations/info, malformed actions, judging, modes."""
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynamic_bench import (BENCH_VERSION, OracleAgent, generate_tasks, get_domain, list_envs, make, make_stream,
                            run_episode)
@@ -42,7 +46,7 @@ def test_observations_and_info_carry_the_contract():
     env = make("driftbench/retail-v1")
     obs, info = env.reset(seed=0, options={"rule_version": 2})
     assert obs.startswith("user: ") and info["task"].instruction in obs
-    assert "within 14 days" in info["policy_text"] and info["bench_version"] == BENCH_VERSION
+    assert "within 20 days" in info["policy_text"] and info["bench_version"] == BENCH_VERSION
     assert {t["name"] for t in info["tools"]} >= {"get_order", "refund", "reply"} - {"reply"}
     task = info["task"]
     obs, r, term, trunc, info = env.step(f'get_order {{"order_id":"{task.params["order_id"]}"}}')
@@ -60,11 +64,11 @@ def test_deprecated_and_renamed_tools_answer_with_the_new_name():
 
 def test_judge_action_under_rules_in_force():
     d = get_domain("retail")
-    # a non-gold refund of 20 days: refundable under v1 (30 days), not under v2 (14 days)
+    # a non-gold refund of 21-30 days: refundable under v1 (30 days), not under v2 (20 days)
     task = next(t for t in generate_tasks("retail", 400, 0, rule_version=2)
                 if t.params["kind"] == "refund" and t.params["db"]["customer"]["tier"] == "standard"
                 and t.params["db"]["orders"][t.params["order_id"]]["status"] == "delivered"
-                and 14 < t.params["db"]["orders"][t.params["order_id"]]["days"] <= 30
+                and 20 < t.params["db"]["orders"][t.params["order_id"]]["days"] <= 30
                 and t.params["db"]["orders"][t.params["order_id"]]["amount"] <= 150)
     env = make("driftbench/retail-v1")
     env.reset(seed=0, options={"task": task})
@@ -161,3 +165,25 @@ def test_reset_can_draw_a_silently_shifted_task():
     _, info = env.reset(seed=0, options={"rule_version": 2, "shown_version": 1})
     assert info["task"].rule_version == 2 and "within 30 days" in info["policy_text"]
     assert info["task"].params["prior_rules"] == [[1, get_domain("retail").versions[1]]]
+
+
+_ALL_TOOLS = sorted({n for d in ("retail", "telecom") for ts in get_domain(d).tool_sets.values() for n in ts.specs})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(list_envs()), st.lists(st.one_of(
+    st.text(max_size=60),
+    st.builds(lambda n, a: f"{n} {json.dumps(a)}", st.sampled_from(_ALL_TOOLS + ["reply"]),
+              st.dictionaries(st.sampled_from(["order_id", "user_id", "account_id", "line_id", "amount", "reason",
+                                               "status", "text", "x"]),
+                              st.one_of(st.integers(-5, 500), st.text(max_size=8), st.none(), st.booleans()),
+                              max_size=4))), min_size=1, max_size=12))
+def test_no_action_sequence_makes_the_env_raise(env_id, actions):
+    env = make(env_id, max_steps=8)
+    env.reset(seed=0)
+    for a in actions:
+        obs, r, term, trunc, info = env.step(a)
+        assert isinstance(obs, str) and r in (0.0, 1.0)
+        if term or trunc:
+            assert set(info["verdict"]["breakdown"]) == {"state", "reply", "rules", "format"}
+            break

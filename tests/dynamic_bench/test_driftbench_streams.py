@@ -116,7 +116,7 @@ def test_tool_drift_preset_changes_tools_only():
 
 
 def test_rule_change_notes_state_new_values():
-    assert "refund window is now 14 days" in rule_change_notes("retail", 1, 2)
+    assert "refund window is now 20 days" in rule_change_notes("retail", 1, 2)
     assert "the outage credit is now 15" in rule_change_notes("telecom", 1, 3)
     assert rule_change_notes("retail", 1, 1) == []
 
@@ -153,3 +153,9 @@ def test_bad_schedule_files_give_clear_errors(tmp_path, bad, msg):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="cannot parse"):
         make_stream(str(path), "retail", 20, 0)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_random_agent_is_far_below_the_oracle(domain):
+    results = run_stream(RandomAgent(seed=0), make_stream("static", domain, 200, 0))
+    assert sum(r["success"] for r in results) / len(results) < 0.2
