@@ -83,8 +83,22 @@ def generate_tasks(domain: str | Domain, n: int, seed: int, split: str = "train"
     return [make_task(domain, rng, rule_version=rule_version, split=split, persona=persona) for _ in range(n)]
 
 
-def random_rule_tasks(domain: str | Domain, n: int, seed: int, split: str = "train") -> list[Task]:
-    """Tasks each under freshly drawn dense rule values (cold-start data that covers the value space)."""
+def random_rule_tasks(domain: str | Domain, n: int, seed: int, split: str = "train",
+                      shown_version: int | None = None) -> list[Task]:
+    """Tasks each under freshly drawn dense rule values (cold-start data that covers the value space).
+
+    With `shown_version`, the agent is shown that version's policy while the drawn values are in
+    force (a silent shift); `rule_change_notes(domain, task.params["shown_rules"],
+    task.params["rules"])` is then the memory hint that would let it act right."""
     d = get_domain(domain)
-    rng = random.Random(f"dense/{d.name}/{seed}/{split}")
-    return [make_task(d, rng, rule_version=d.random_rules(rng), split=split) for _ in range(n)]
+    rng = random.Random(f"dense/{d.name}/{seed}/{split}/{shown_version}")
+    out = []
+    for _ in range(n):
+        rules = d.random_rules(rng)
+        if shown_version is None:
+            out.append(make_task(d, rng, rule_version=rules, split=split))
+        else:
+            old = d.rules_for(shown_version)
+            out.append(make_task(d, rng, rule_version=rules, split=split, prior=[(shown_version, old)],
+                                 shown=(shown_version, old)))
+    return out

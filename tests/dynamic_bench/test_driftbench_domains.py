@@ -94,3 +94,21 @@ def test_personas_decide_by_correctness_and_seed():
         PERSONAS["editor"].decide(wrong, random.Random(7))]
     fixed = PERSONAS["editor"].decide({**wrong, "correct_write": None}, random.Random(1))
     assert fixed.kind in ("approve", "reject") and fixed.action_text is None
+
+
+def test_dense_tasks_with_a_stale_shown_policy_come_with_their_hint():
+    from dynamic_bench import rule_change_notes
+
+    env = make("driftbench/retail-v1")
+    tasks = random_rule_tasks("retail", 40, 1, shown_version=1)
+    stale_hits = 0
+    for i, t in enumerate(tasks):
+        p = t.params
+        assert p["shown_version"] == 1 and p["shown_rules"] == get_domain("retail").versions[1]
+        notes = rule_change_notes("retail", p["shown_rules"], p["rules"])
+        if p["rules"]["refund_window"] != 30:
+            assert f"refund window is now {p['rules']['refund_window']} days" in notes
+        assert run_episode(env, OracleAgent(seed=i), t, seed=i)["success"]
+        stale = run_episode(env, StaleAgent(seed=i), t, seed=i)
+        stale_hits += stale["n_stale"] > 0
+    assert stale_hits > 0  # following the shown (old) policy is labelled stale
