@@ -101,6 +101,8 @@ class DriftEnv:
     # --- judging ---------------------------------------------------------------------
     def judge_action(self, action_text: str) -> dict[str, Any]:
         """Is this action a write, right under the rules in force, stale? And what is right."""
+        if not hasattr(self, "task"):
+            raise RuntimeError("judge_action before reset: there is no episode to judge against")
         act = parse_action(action_text, self._tools)
         return self._judge(act, action_text)
 

@@ -116,7 +116,10 @@ def _phases(d: Domain, spec: list[dict[str, Any]], n: int) -> list[dict[str, Any
         num, rules = _resolve(d, ph["version"], 100 + i)
         start = 0 if i == 0 else _count(ph.get("at", 0), n)
         if phases and start <= phases[-1]["start"]:
-            raise ValueError(f"phase {i}: starts at episode {start}, not after the previous phase")
+            raise ValueError(f"phase {i}: starts at episode {start}, not after the previous phase "
+                             f"(a stream of {n} episodes may be too short for this schedule)")
+        if i and start >= n:
+            raise ValueError(f"phase {i}: starts at episode {start}, beyond the stream's {n} episodes")
         scope = float(ph.get("scope", 1.0))
         if not 0.0 <= scope <= 1.0:
             raise ValueError(f"phase {i}: scope must be within [0, 1]")
@@ -153,7 +156,7 @@ def make_stream(preset: str, domain: str | Domain, n_episodes: int, seed: int, s
         if k:
             order = rng.sample(range(len(users)), len(users))
             scoped = set(order[:round(ph["scope"] * len(users))])
-            prev = list(cur)
+            prev, prev_shown = list(cur), list(shown)
             for u in range(len(users)):
                 moved[u] = u in scoped
                 if moved[u]:
@@ -164,7 +167,7 @@ def make_stream(preset: str, domain: str | Domain, n_episodes: int, seed: int, s
                            "to_version": ph["version"], "announced": ph["announced"], "scope": ph["scope"],
                            "gradual": ph["gradual"]})
         else:
-            prev = list(cur)
+            prev, prev_shown = list(cur), list(shown)
         for i in range(ph["start"], ph["end"]):
             u = rng.randrange(len(users))
             version, rules = cur[u]
@@ -172,7 +175,7 @@ def make_stream(preset: str, domain: str | Domain, n_episodes: int, seed: int, s
             if ph["gradual"] and moved[u] and i - ph["start"] < ph["gradual"]:
                 if rng.random() >= (i - ph["start"] + 1) / (ph["gradual"] + 1):
                     version, rules = prev[u]
-                    show = prev[u] if ph["announced"] else show
+                    show = prev_shown[u]
             prior = [h for h in history[u] if h[1] != rules]
             task = make_task(d, rng, user=users[u], rule_version=rules, split=split, prior=prior, shown=show,
                              extra={"stream": name, "phase": k})

@@ -141,6 +141,8 @@ def test_custom_schedule_from_a_file(tmp_path, suffix):
 
 @pytest.mark.parametrize("bad,msg", [
     ([{"version": 1}, {"at": 0, "version": 2}], "not after the previous phase"),
+    ([{"version": 1}, {"at": 25, "version": 2}], "beyond the stream's 20 episodes"),
+    ([{"version": 1}, {"at": 5, "version": 2, "scope": 1.5}], "scope must be within"),
     ([{"version": 1}, {"at": 5, "version": {"refund_windw": 3}}], "unknown rule parameter"),
     ([{"nope": 1}], "with a 'version'"),
     ([], "non-empty list"),
