@@ -161,3 +161,16 @@ def test_bad_schedule_files_give_clear_errors(tmp_path, bad, msg):
 def test_random_agent_is_far_below_the_oracle(domain):
     results = run_stream(RandomAgent(seed=0), make_stream("static", domain, 200, 0))
     assert sum(r["success"] for r in results) / len(results) < 0.2
+
+
+def test_the_shipped_example_schedule_runs():
+    from pathlib import Path
+
+    import dynamic_bench
+
+    path = Path(dynamic_bench.__file__).parent / "schedules" / "example.yaml"
+    stream = make_stream(str(path), "retail", 100, 0)
+    assert [s["kind"] for s in stream.shifts] == ["silent", "scoped-gradual"]
+    assert all(r["success"] for r in run_stream(OracleAgent(seed=0), stream))
+    stale = run_stream(StaleAgent(seed=0), stream)
+    assert sum(r["n_stale"] for r in stale[30:]) > 0 and all(r["n_stale"] == 0 for r in stale[:30])
