@@ -7,7 +7,8 @@ Public API (see TEAM.md's contract):
   `judge_action(text)`), `BENCH_VERSION`.
 - `generate_tasks(domain, n, seed, split, rule_version)`, `random_rule_tasks(...)`.
 - `make_stream(preset, domain, n_episodes, seed)`, `PRESETS`, `rule_change_notes(domain, old_v, new_v)`.
-- Agents: `OracleAgent(seed=)`, `StaleAgent`, `RandomAgent(seed=)`, `run_episode`, `run_stream`.
+- Agents: `OracleAgent(seed=)`, `StaleAgent`, `RandomAgent(seed=)`, `run_episode`, `run_stream`,
+  `repeat_tasks` (input of pass^k), `evaluate_versions` (success per rule version, held-out).
 - Metrics: `dynamic_bench.metrics`.
 
 Actions (one per turn, one line): `NAME {json-args}`, e.g. `get_order {"order_id":"O-1042"}`;
@@ -29,10 +30,11 @@ from dynamic_bench.env import BENCH_VERSION, DriftEnv, list_envs, make
 from dynamic_bench.personas import PERSONAS, Persona, get_persona
 from dynamic_bench.tasks import generate_tasks, random_rule_tasks
 from dynamic_bench.streams import PRESETS, Episode, Stream, load_schedule, make_stream, rule_change_notes
-from dynamic_bench.agents import AGENTS, Agent, OracleAgent, RandomAgent, StaleAgent, repeat_tasks, run_episode, run_stream
+from dynamic_bench.agents import (AGENTS, Agent, OracleAgent, RandomAgent, StaleAgent, evaluate_versions, repeat_tasks,
+                                  run_episode, run_stream)
 
 __all__ = ["AGENTS", "Agent", "Episode", "OracleAgent", "PRESETS", "RandomAgent", "StaleAgent", "Stream",
-           "load_schedule", "make_stream", "repeat_tasks", "rule_change_notes", "run_episode", "run_stream",
+           "evaluate_versions", "load_schedule", "make_stream", "repeat_tasks", "rule_change_notes", "run_episode", "run_stream",
            "ActionError", "BENCH_VERSION", "DOMAINS", "DriftEnv", "PERSONAS", "Persona", "Reply", "ToolCall",
            "ToolSpec", "format_action", "generate_tasks", "get_domain", "get_persona", "list_envs", "make",
            "parse_action", "random_rule_tasks"]

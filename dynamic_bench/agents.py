@@ -153,3 +153,17 @@ def repeat_tasks(make_agent: Callable[[int], Agent], tasks: Iterable[Task], n_tr
         out[task.id] = [run_episode(env, make_agent(seed * 1000 + t), task, seed=seed * 7919 + i * 31 + t)["success"]
                         for t in range(n_trials)]
     return out
+
+
+def evaluate_versions(make_agent: Callable[[int], Agent], domain: str, versions: Iterable[int], n_tasks: int = 50,
+                      seed: int = 0, split: str = "test", max_steps: int = 10) -> dict[int, float]:
+    """Success rate per rule version on held-out tasks (one row of a forgetting matrix)."""
+    from dynamic_bench.tasks import generate_tasks
+
+    env = make(f"driftbench/{domain}-v1", max_steps=max_steps)
+    out = {}
+    for v in versions:
+        tasks = generate_tasks(domain, n_tasks, seed, split=split, rule_version=v)
+        out[v] = sum(run_episode(env, make_agent(seed * 1000 + i), t, seed=seed * 7919 + i)["success"]
+                     for i, t in enumerate(tasks)) / n_tasks
+    return out

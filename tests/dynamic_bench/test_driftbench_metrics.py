@@ -79,3 +79,14 @@ def test_summary_has_every_result_key_and_the_bench_version():
     assert s["bench_version"] == BENCH_VERSION and s["success_rate"] == 1.0 and s["aulc"] == 1.0
     assert s["pass_k"] == {"1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
     assert s["recovery_episodes"] == [0, 0, 0] and len(s["phases"]) == 4
+
+
+def test_evaluate_versions_feeds_a_forgetting_matrix():
+    from dynamic_bench import StaleAgent, evaluate_versions
+
+    oracle = evaluate_versions(lambda s: OracleAgent(seed=s), "telecom", [1, 2, 3], n_tasks=20)
+    stale = evaluate_versions(lambda s: StaleAgent(seed=s), "telecom", [1, 2, 3], n_tasks=20)
+    assert oracle == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert stale[1] == 1.0 and stale[2] < 1.0 and stale[3] < 1.0
+    m = {0: {1: oracle[1]}, 1: {1: stale[1], 2: stale[2]}, 2: {1: stale[1], 2: stale[2], 3: stale[3]}}
+    assert forgetting(m) >= 0.0
