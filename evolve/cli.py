@@ -28,3 +28,5 @@ from dynamic_bench.cli import app as bench_app  # noqa: E402
 app.add_typer(bench_app, name="bench")
 from runtime.cli import app as serve_app  # noqa: E402
 app.add_typer(serve_app, name="serve")
+from memory.cli import app as memory_app  # noqa: E402
+app.add_typer(memory_app, name="memory")
