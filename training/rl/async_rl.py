@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 BACKENDS = ("thread", "process", "ray")
+# transformers' model loading patches global init functions: two threads loading at once can
+# leave weights uninitialised (NaN logits). Workers build their runners one at a time.
+_BUILD_LOCK = threading.Lock()
 
 
 @dataclass
@@ -105,7 +108,8 @@ def _worker_loop(factory: RunnerFactory, index: int, channel_root: str, orders, 
     name = f"worker-{index}"
     channel = AdapterChannel(channel_root)
     try:
-        runner = factory(index)
+        with _BUILD_LOCK:
+            runner = factory(index)
     except Exception:
         results.put(GroupResult(-1, "", -1, [], name, error=traceback.format_exc()))
         return

@@ -61,9 +61,9 @@ class Diagnostics:
                 except json.JSONDecodeError:  # a line cut by a crash mid-write
                     break
 
-    def truncate(self, step: int) -> None:
-        """Keep rows of steps < `step` (a resumed run rewrites what came after its checkpoint)."""
-        self.rows = [r for r in self.rows if r["step"] < step]
+    def truncate(self, done: int) -> None:
+        """Keep rows of the first `done` steps (a resumed run rewrites what came after its checkpoint)."""
+        self.rows = [r for r in self.rows if r["step"] <= done]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
 
     def log(self, row: dict) -> None:

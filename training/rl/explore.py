@@ -84,6 +84,14 @@ class Proposal:
         return 0.0
 
 
+def _log_mixture(log_pi: float, u: float, eps: float) -> float:
+    """log μ(a) = log((1-ε)·π(a) + ε·u(a)), stable when π(a) underflows."""
+    if u > 0:
+        mu = (1 - eps) * math.exp(log_pi) + eps * u
+        return math.log(mu)
+    return math.log(1 - eps) + log_pi if eps < 1 else float("-inf")
+
+
 def _fmt(name: str, args: dict) -> str:
     return f"{name} {json.dumps(args, sort_keys=True, separators=(',', ':'))}"
 
@@ -160,32 +168,37 @@ class ExploringEngine(Engine):
             return self.inner.logprobs(prompt, ids)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        gens = self.inner.generate(prompts, params)
         self.temperature = params.temperature if params.temperature > 0 else 1.0
-        out = []
-        for prompt, gen in zip(prompts, gens):
+        # Decide first which turns explore, so the engine only samples the others.
+        props, subs = [], []
+        for prompt in prompts:
             self.stats["turns"] += 1
             roll = self.rng.random()
-            if self.eps <= 0:
-                out.append(gen)
-                continue
-            prop = proposal_from_prompt(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
+            prop = None
+            if self.eps > 0:
+                prop = proposal_from_prompt(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
+            props.append(prop)
+            subs.append(prop is not None and roll < self.eps)
+        sampled = iter(self.inner.generate([p for p, s in zip(prompts, subs) if not s], params)
+                       if not all(subs) else [])
+        out = []
+        for prompt, prop, sub in zip(prompts, props, subs):
             if prop is None:
-                out.append(gen)
+                out.append(next(sampled))
                 continue
-            if roll < self.eps:
+            if sub:
                 text, u = prop.draw(self.rng)
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + list(self.end_ids[:1])
-                lps = self._score(prompt, ids)
-                gen = Generation(token_ids=ids, logprobs=lps, finish_reason="stop", policy_version=gen.policy_version,
-                                 extra={**gen.extra, "explore": {"substituted": True, "action": text}})
+                gen = Generation(token_ids=ids, logprobs=self._score(prompt, ids), finish_reason="stop",
+                                 policy_version=self.inner.policy_version,
+                                 extra={"explore": {"substituted": True, "action": text}})
                 self.stats["explored"] += 1
             else:
-                text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                u = prop.prob(text)
+                gen = next(sampled)
+                u = prop.prob(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
                 gen.extra = {**gen.extra, "explore": {"substituted": False}}
             log_pi = sum(gen.logprobs)
-            log_mu = math.log((1 - self.eps) * math.exp(log_pi) + self.eps * u) if u > 0 else math.log(1 - self.eps) + log_pi
+            log_mu = _log_mixture(log_pi, u, self.eps)
             gen.extra["explore"].update(log_pi=log_pi, log_mu=log_mu, u=u)
             if self.mode == "mixture" and gen.logprobs:
                 shift = (log_mu - log_pi) / len(gen.logprobs)

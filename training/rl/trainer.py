@@ -1,0 +1,283 @@
+"""`train_rl(cfg)`: async GRPO-family RL with LoRA over DriftBench tasks, resumable.
+
+Loop per learner step: collect `groups_per_step` admitted, informative groups from the rollout
+workers (η=0: synchronous; η>0: workers keep running on the previous adapter while the learner
+trains) → one optimizer step (policy gradient + supervised corrections) → save the adapter as the
+next policy version and publish it to the workers → scheduler tick → diagnostics row →
+checkpoint (adapter + optimizer + scheduler + RNG + staleness counters) every few steps.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from training.rl.async_rl import AdapterChannel, StalenessGate, WorkerPool, WorkOrder, collect
+from training.rl.diagnostics import Diagnostics, group_stats
+from training.rl.learner import Learner, LossSettings, Row, rows_from_groups
+from training.rl.runner import EpisodeRunnerFactory, correction_rows, evaluate
+from training.rl.scheduler import SchedulerConfig, TaskScheduler
+
+
+@dataclass
+class RLConfig:
+    # what to train
+    model: str = ""  # policy folder (the cold-start model); the LoRA adapter goes on top of it
+    out_dir: str = "runs/rl"
+    env_id: str = "driftbench/retail-v1"
+    rule_version: int = 1  # rules the RL tasks are drawn under (when no task pool is passed)
+    n_tasks: int = 16
+    replay_rule_version: int | None = None  # older-rule tasks mixed in to limit forgetting
+    n_replay_tasks: int = 0
+    n_heldout: int = 0  # test-split tasks under `rule_version` scored greedily every `eval_every` steps
+    eval_every: int = 5
+    scaffold: str = "direct"
+    max_turns: int = 8
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    seed: int = 0
+    # optimisation
+    steps: int = 20
+    groups_per_step: int = 4
+    group_size: int = 0  # 0: adaptive (the scheduler picks G from the task's success rate)
+    max_groups_per_step: int = 0  # dynamic sampling budget per step (0: 4 × groups_per_step)
+    dynamic_sampling: bool = True
+    lr: float = 2e-4
+    lora_r: int = 8
+    lora_alpha: int = 16
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 16384
+    # loss (training/rl/loss.py)
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    decoupled: bool = True
+    correction: str = "tis"
+    is_cap: float = 2.0
+    icepop_beta: float = 2.0
+    kl_coef: float = 0.0
+    track_kl: bool = True
+    agg: str = "token-mean"
+    scale_adv_by_std: bool = True
+    # exploration and corrections (PROTOTYPE-FINDINGS 4)
+    explore_eps: float = 0.0  # per-turn chance of substituting an alternative valid action
+    explore_is: str = "policy"  # "policy" | "mixture": which behaviour logprob substituted turns carry
+    sft_coef: float = 0.0  # weight of supervised corrections (user edits / takeovers) in each step
+    # async actor/learner
+    eta: int = 0  # staleness bound; 0 = synchronous
+    n_workers: int = 2
+    backend: str = "thread"  # thread | process | ray
+    queue_size: int = 2  # orders in flight beyond one per worker (async only)
+    tool_latency_mu: float = 0.0  # lognormal log-mean of simulated tool latency, seconds = e^N(mu, sigma)
+    tool_latency_sigma: float = 0.0  # 0 and mu 0: no simulated latency
+    # scheduler
+    use_scheduler: bool = True
+    replay_share: float = 0.2
+    retire_above: float = 0.95
+    break_below: float = 0.05
+    cooldown: int = 10
+    # bookkeeping
+    checkpoint_every: int = 5
+    resume: bool = True
+    keep_adapters: int = 0  # adapter versions kept on disk (0: η + 3)
+    progress: bool = True
+
+    def validate(self) -> None:
+        if not self.model:
+            raise ValueError("RLConfig.model: give the policy folder to train (e.g. the cold-start model)")
+        if self.eta < 0:
+            raise ValueError("RLConfig.eta must be ≥ 0")
+        if self.explore_is not in ("policy", "mixture"):
+            raise ValueError("RLConfig.explore_is must be 'policy' or 'mixture'")
+        if not self.decoupled and self.correction != "none":
+            raise ValueError("corrections need decoupled=True (the proximal policy); or set correction='none'")
+
+
+@dataclass
+class TaskPool:
+    """Tasks the run draws from (ids → Task), the replay subset and a held-out set."""
+
+    tasks: dict[str, Any] = field(default_factory=dict)
+    replay: set[str] = field(default_factory=set)
+    heldout: list[Any] = field(default_factory=list)
+
+
+def default_pool(cfg: RLConfig) -> TaskPool:
+    from dynamic_bench import generate_tasks
+    from dynamic_bench.env import ENV_IDS
+
+    domain = ENV_IDS[cfg.env_id]
+    pool = TaskPool()
+    for t in generate_tasks(domain, cfg.n_tasks, seed=cfg.seed, split="train", rule_version=cfg.rule_version):
+        pool.tasks[t.id] = t
+    if cfg.replay_rule_version is not None and cfg.n_replay_tasks:
+        for t in generate_tasks(domain, cfg.n_replay_tasks, seed=cfg.seed + 1, split="train",
+                                rule_version=cfg.replay_rule_version):
+            pool.tasks[t.id] = t
+            pool.replay.add(t.id)
+    if cfg.n_heldout:
+        pool.heldout = generate_tasks(domain, cfg.n_heldout, seed=cfg.seed + 2, split="test",
+                                      rule_version=cfg.rule_version)
+    return pool
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+def _save_checkpoint(out: Path, learner: Learner, state: dict) -> None:
+    """Write to `checkpoint.new`, then swap it in: a kill mid-write leaves the previous one intact."""
+    new, cur, old = out / "checkpoint.new", out / "checkpoint", out / "checkpoint.old"
+    shutil.rmtree(new, ignore_errors=True)
+    learner.save_adapter(new / "adapter")
+    torch.save({**state, "learner": learner.state_dict()}, new / "state.pt")
+    (new / "COMPLETE").write_text(str(state["step"]))
+    shutil.rmtree(old, ignore_errors=True)
+    if cur.exists():
+        cur.rename(old)
+    new.rename(cur)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _find_checkpoint(out: Path) -> Path | None:
+    for name in ("checkpoint", "checkpoint.old"):
+        if (out / name / "COMPLETE").exists():
+            return out / name
+    return None
+
+
+# ---- the run ------------------------------------------------------------------------------------
+def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
+             on_step: Callable[[int, dict], None] | None = None) -> Path:
+    """Train a LoRA adapter with RL; returns `out_dir/adapter`. Metrics: `out_dir/metrics.jsonl`.
+
+    `pool` overrides the generated task pool (the evolve cycle passes its mined RL task pool);
+    `on_step(step, row)` is called after every logged step (progress hooks, tests).
+    """
+    cfg.validate()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    pool = pool or default_pool(cfg)
+    if not pool.tasks:
+        raise ValueError("the RL task pool is empty")
+
+    sched = TaskScheduler(SchedulerConfig(replay_share=cfg.replay_share, retire_above=cfg.retire_above,
+                                          break_below=cfg.break_below, cooldown=cfg.cooldown))
+    for tid in pool.tasks:
+        sched.add_task(tid, replay=tid in pool.replay)
+    gate = StalenessGate(cfg.eta)
+    rng = random.Random(cfg.seed)
+    step = version = order_id = 0
+    ckpt = _find_checkpoint(out) if cfg.resume else None
+    learner = Learner(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lr=cfg.lr, seed=cfg.seed,
+                      settings=LossSettings.from_config(cfg), adapter=ckpt / "adapter" if ckpt else None)
+    diag = Diagnostics(out)
+    channel = AdapterChannel(out / "adapters")
+    adapter_path: Path | None = None
+    if ckpt is not None:
+        st = torch.load(ckpt / "state.pt", weights_only=False)
+        learner.load_state_dict(st["learner"])
+        step, version, order_id = st["step"], st["version"], st["order_id"]
+        sched = TaskScheduler.from_state_dict(st["scheduler"])
+        gate.load_state_dict(st["gate"])
+        rng.setstate(st["rng"])
+        adapter_path = learner.save_adapter(out / "adapters" / f"v{version}")
+        diag.truncate(step)
+    else:
+        diag.truncate(0)
+    channel.publish(adapter_path, version)
+
+    def make_order() -> WorkOrder:
+        nonlocal order_id
+        tid = sched.sample(1, rng)[0] if cfg.use_scheduler else rng.choice(sorted(pool.tasks))
+        g = cfg.group_size or sched.group_size(tid)
+        order_id += 1
+        return WorkOrder(order_id, tid, g, seed=cfg.seed * 1_000_003 + order_id, payload={"task": pool.tasks[tid]})
+
+    admitted: list = []  # every admitted group of the current step, informative or not
+
+    def keep(res) -> bool:
+        admitted.append(res.trajectories)
+        rewards = [float(t.reward) for t in res.trajectories]
+        sched.update(res.task_id, rewards, [t.outcome == "success" for t in res.trajectories])
+        return not cfg.dynamic_sampling or (len(rewards) > 1 and max(rewards) > min(rewards))
+
+    factory = EpisodeRunnerFactory.from_config(cfg)
+    workers = WorkerPool(factory, cfg.n_workers, out / "adapters", backend=cfg.backend)
+    eval_engine = None
+    keep_versions = cfg.keep_adapters or cfg.eta + 3
+    bar = _progress(cfg, step)
+    t_start = time.perf_counter()
+    try:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            admitted.clear()
+            groups, cstats = collect(workers, gate, version, cfg.groups_per_step, make_order,
+                                     max_outstanding=cfg.n_workers + cfg.queue_size, sync=cfg.eta == 0,
+                                     keep=keep, max_results=cfg.max_groups_per_step or 4 * cfg.groups_per_step)
+            t1 = time.perf_counter()
+            trajs = [g.trajectories for g in groups]
+            rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
+            sft: list[Row] = correction_rows(trajs, learner.tokenizer) if cfg.sft_coef else []
+            lstats = learner.step(rows, sft)
+            version += 1
+            step += 1
+            adapter_path = learner.save_adapter(out / "adapters" / f"v{version}")
+            channel.publish(adapter_path, version)
+            shutil.rmtree(out / "adapters" / f"v{version - keep_versions}", ignore_errors=True)
+            if cfg.use_scheduler:
+                sched.tick()
+            lags = [version - 1 - g.version for g in groups]
+            row = {"step": step, "version": version, "wall_s": time.perf_counter() - t_start,
+                   "wait_s": t1 - t0, "train_s": time.perf_counter() - t1, **group_stats(admitted), **lstats,
+                   "groups_trained": len(groups) - rstats["zero_var_groups"], **cstats,
+                   "stale_rejected": cstats["groups_stale"], "staleness_mean": sum(lags) / max(len(lags), 1),
+                   "staleness_hist": {str(k): lags.count(k) for k in sorted(set(lags))},
+                   "scheduler": sched.counts(), "tasks": _task_states(sched)}
+            if pool.heldout and (step % cfg.eval_every == 0 or step == cfg.steps):
+                eval_engine = eval_engine or factory.make_engine(seed=cfg.seed)
+                eval_engine.load_adapter(str(adapter_path), f"v{version}")
+                row["heldout_success"] = evaluate(eval_engine, factory, pool.heldout, seed=cfg.seed)
+            diag.log(row)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
+                                                "scheduler": sched.state_dict(), "gate": gate.state_dict(),
+                                                "rng": rng.getstate()})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward_mean']:.2f}", zv=f"{row['zero_var_frac']:.2f}")
+            if on_step is not None:
+                on_step(step, row)
+    finally:
+        workers.close()
+        if bar is not None:
+            bar.close()
+    final = out / "adapter"
+    shutil.rmtree(final, ignore_errors=True)
+    learner.save_adapter(final)
+    diag.plot()
+    lines = diag.diagnosis()
+    (out / "diagnosis.txt").write_text("\n".join(f"- {x}" for x in lines) + "\n")
+    return final
+
+
+def _task_states(sched: TaskScheduler, limit: int = 200) -> dict[str, dict]:
+    return {t: {"status": s.status, "success": round(s.success, 3), "replay": s.replay}
+            for t, s in list(sched.tasks.items())[:limit]}
+
+
+def _progress(cfg: RLConfig, start: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=start, desc=f"rl η={cfg.eta}", unit="step", leave=False)
+
+
+def read_metrics(out_dir: str | Path) -> list[dict]:
+    """The metrics rows of a run folder."""
+    p = Path(out_dir) / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
