@@ -1,0 +1,200 @@
+"""Cold start: SFT of the built-in policy on DriftBench oracle episodes (training/sft_data.py).
+
+Loss on completion tokens only. Resumable: a checkpoint (model, optimizer, scheduler, step)
+is written atomically every `save_every` steps and picked up by the next run with the same
+config. `ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face
+folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
+format-valid action rate, action-space coverage, distinct successful strategies, and success
+following a correct memory item on changed-rule tasks (training/coldstart_eval.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+DONE = "DONE.json"
+
+
+@dataclass
+class ColdStartConfig:
+    """Flat config (TRL style). `preset` picks model size and the default budget."""
+
+    preset: str = "tiny"
+    seed: int = 0
+    n_examples: int = 3000
+    n_corpus: int = 1200  # episodes the tokenizer is trained on
+    max_steps: int = 300
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    max_len: int = 1024
+    save_every: int = 50
+    num_threads: int = 2
+    max_seconds: float | None = None  # wall-clock cap (breaks step-exact determinism when it bites)
+
+
+PRESET_CONFIGS = {
+    "tiny": ColdStartConfig(preset="tiny", n_examples=200, n_corpus=200, max_steps=20, batch_size=8,
+                            save_every=10),
+    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=700, batch_size=16,
+                             lr=3e-3, save_every=100),
+}
+
+
+def config_for(preset: str, seed: int = 0, **overrides) -> ColdStartConfig:
+    base = PRESET_CONFIGS.get(preset, ColdStartConfig(preset=preset))
+    return replace(base, seed=seed, **overrides)
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def _lr_at(step: int, cfg: ColdStartConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def build_base(out: Path, cfg: ColdStartConfig) -> Path:
+    """Tokenizer trained on DriftBench text + a freshly initialised model (`out/base`)."""
+    from training.policy import build_policy
+    from training.sft_data import corpus_texts
+
+    base = out / "base"
+    if not (base / "config.json").exists():
+        build_policy(base, cfg.preset, corpus_texts(cfg.n_corpus, seed=cfg.seed), seed=cfg.seed)
+    return base
+
+
+def _batches(data: list[tuple[list[int], list[int]]], cfg: ColdStartConfig, step: int):
+    """The batch of `step`: a seeded permutation per epoch, padded on the right (deterministic)."""
+    import torch
+
+    per_epoch = max(1, len(data) // cfg.batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = list(range(len(data)))
+    random.Random(f"{cfg.seed}/{epoch}").shuffle(order)
+    idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
+    width = max(len(data[i][0]) for i in idx)
+    ids = torch.zeros((len(idx), width), dtype=torch.long)
+    labels = torch.full((len(idx), width), -100, dtype=torch.long)
+    att = torch.zeros((len(idx), width), dtype=torch.long)
+    for r, i in enumerate(idx):
+        x, m = data[i]
+        ids[r, :len(x)] = torch.tensor(x)
+        att[r, :len(x)] = 1
+        labels[r, :len(x)] = torch.tensor([t if mk else -100 for t, mk in zip(x, m)])
+    return ids, att, labels
+
+
+def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = True) -> Path:
+    """Run (or resume) cold-start SFT; write `out_dir/policy` and `out_dir/DONE.json`."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from training.policy import load_model, load_tokenizer, save_policy
+    from training.sft_data import encode_example, generate_examples
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.num_threads)
+    cfg_dict = asdict(cfg)
+    base = build_base(out, cfg)
+    tok = load_tokenizer(base)
+    examples = generate_examples(cfg.n_examples, seed=cfg.seed)
+    data = [d for d in (encode_example(e, tok) for e in examples) if len(d[0]) <= cfg.max_len]
+    torch.manual_seed(cfg.seed)
+    model = load_model(base, trainable=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    ckpt, step, log = out / "checkpoint.pt", 0, []
+    if ckpt.exists():
+        try:
+            state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        except Exception as e:  # a corrupt checkpoint: say so and start over (nothing else is lost)
+            print(f"checkpoint {ckpt} unreadable ({e}); starting from scratch")
+            state = None
+        if state is not None and state.get("config") == cfg_dict:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            step, log = state["step"], state["log"]
+    t0 = time.time()
+    bar = tqdm(total=cfg.max_steps, initial=step, desc=f"coldstart[{cfg.preset}]", disable=not progress)
+    model.train()
+    while step < cfg.max_steps:
+        if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
+            break
+        ids, att, labels = _batches(data, cfg, step)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, cfg)
+        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        log.append({"step": step, "loss": float(loss), "lr": _lr_at(step - 1, cfg),
+                    "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3)})
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+        if step % cfg.save_every == 0 or step == cfg.max_steps:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "log": log,
+                        "config": cfg_dict}, tmp)
+            os.replace(tmp, ckpt)
+    bar.close()
+    model.eval()
+    policy = save_policy(model, tok, out / "policy", meta={"preset": cfg.preset, "seed": cfg.seed,
+                                                            "steps": step, "coldstart": cfg_dict})
+    with open(out / "train_log.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in log)
+    _plot(log, out / "loss.png")
+    _atomic_json(out / DONE, {"config": cfg_dict, "steps": step, "n_examples": len(data),
+                              "final_loss": log[-1]["loss"] if log else None,
+                              "train_seconds_this_run": round(time.time() - t0, 1)})
+    return policy
+
+
+def _plot(log: list[dict], path: Path) -> None:
+    if not log:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log])
+    ax.set_xlabel("step")
+    ax.set_ylabel("SFT loss (completion tokens)")
+    ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def ensure_coldstart(out_dir: str | Path, preset: str = "small", seed: int = 0, progress: bool = True,
+                     **overrides) -> Path:
+    """The cold-start policy folder `out_dir/policy`: reused if built with the same config, else
+    built (or resumed from its checkpoint)."""
+    cfg = config_for(preset, seed, **overrides)
+    out = Path(out_dir)
+    done = out / DONE
+    if done.exists() and (out / "policy" / "config.json").exists():
+        try:
+            if json.loads(done.read_text()).get("config") == asdict(cfg):
+                return out / "policy"
+        except json.JSONDecodeError:
+            pass
+        done.unlink()
+    return train_coldstart(out, cfg, progress=progress)
