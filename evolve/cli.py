@@ -30,3 +30,5 @@ from runtime.cli import app as serve_app  # noqa: E402
 app.add_typer(serve_app, name="serve")
 from memory.cli import app as memory_app  # noqa: E402
 app.add_typer(memory_app, name="memory")
+from training.cli import app as train_app  # noqa: E402
+app.add_typer(train_app, name="train")
