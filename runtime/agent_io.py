@@ -31,6 +31,7 @@ class Proposal:
     policy_version: str
     action_text: str
     plan: str | None = None
+    completion_text: str = ""  # the whole completion as sampled (plan line included), for the transcript
 
 
 def _sampling(deps: Any, c: dict[str, Any], step_index: int) -> SamplingParams:
@@ -49,10 +50,10 @@ def propose(deps: Any, scaffold: str, wm: dict[str, Any], specs: dict[str, ToolS
                             memory=[r["text"] for r in wm.get("recalled", [])] + list(wm.get("short_term", [])),
                             history=[(h["role"], h["text"]) for h in history], plan=wm.get("plan"))
     sc = scaffolds.get(scaffold)
-    prompt_ids = sc.encode_prompt(deps.tokenizer, ctx)
-    limit = getattr(deps.tokenizer, "model_max_length", 10**9)
-    if len(prompt_ids) + deps.cfg.max_new_tokens > min(limit, 10**9):
-        raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit")
+    budget = deps.cfg.max_context - deps.cfg.max_new_tokens
+    prompt_ids = sc.encode_prompt(deps.tokenizer, ctx, max_tokens=budget)  # oldest turns dropped to fit
+    if len(prompt_ids) > budget:
+        raise ContextFull(f"prompt of {len(prompt_ids)} tokens does not fit {budget}")
     try:
         gen = deps.runner.generate(prompt_ids, _sampling(deps, c, step_index))
     except ValueError as e:  # the engine refuses a prompt that does not fit its context
@@ -60,7 +61,8 @@ def propose(deps: Any, scaffold: str, wm: dict[str, Any], specs: dict[str, ToolS
     text = deps.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
     action_text, plan = sc.parse_completion(text)
     return Proposal(prompt_ids=list(prompt_ids), completion_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
-                    policy_version=gen.policy_version, action_text=action_text, plan=plan)
+                    policy_version=gen.policy_version, action_text=action_text, plan=plan,
+                    completion_text=text.rstrip() + scaffolds.END)
 
 
 def remember(memory: Any, traj: Trajectory, wm: dict[str, Any], ep: dict[str, Any]) -> None:

@@ -33,7 +33,8 @@ def rt_of(request: Request):
 
 
 def principal(request: Request) -> Principal:
-    p = rt_of(request).auth.authenticate(request.headers)
+    """The caller (authenticated by the service middleware before the body is parsed)."""
+    p = getattr(request.state, "principal", None) or rt_of(request).auth.authenticate(request.headers)
     if p is None:
         raise HTTPException(401, "missing or invalid API token: send 'Authorization: Bearer <token>' or "
                                  "'x-api-key: <token>'", headers={"WWW-Authenticate": "Bearer"})

@@ -6,11 +6,13 @@ keep working, while every field Evolve does use is type-checked.
 """
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+_FILTER_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_MESSAGES = 64
 MAX_TEXT = 20_000
 ROLES = {"user": "human", "human": "human", "system": "system", "assistant": "ai", "ai": "ai"}
@@ -55,7 +57,15 @@ class ThreadSearch(_Body):
 class HistoryRequest(_Body):
     limit: int = Field(10, ge=1, le=1000)
     before: dict[str, Any] | str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str | int | float | bool | None] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _keys(cls, v: dict | None) -> dict | None:
+        for k in v or {}:
+            if not _FILTER_KEY.match(k):
+                raise ValueError(f"metadata filter key {k[:40]!r} must match {_FILTER_KEY.pattern}")
+        return v
 
 
 class AssistantSearch(_Body):

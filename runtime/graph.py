@@ -60,6 +60,7 @@ class AgentConfig:
     max_turns: int = 12
     max_episode_tokens: int = 4096
     max_new_tokens: int = 96
+    max_context: int = 1024        # the model's context (prompt + completion)
     temperature: float = 1.0
     recall_k: int = 3
     short_term_keep: int = 5
@@ -177,7 +178,7 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
         upd: dict[str, Any] = {"turns": turns + 1, "tokens": tokens + len(out.completion_ids)}
         if out.plan is not None:
             upd["working_memory"] = {**wm, "plan": out.plan}
-        history = list(state.get("history", [])) + [{"role": "assistant", "text": out.action_text}]
+        history = list(state.get("history", [])) + [{"role": "assistant", "text": out.completion_text}]
         if isinstance(parsed, ActionError):  # malformed output is an observation, not a crash
             step.observation = parsed.message
             steps.append(step.model_dump())

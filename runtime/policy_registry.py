@@ -72,12 +72,20 @@ class PolicyRegistry:
             raise RuntimeError(f"policy registry {self.path} is corrupt: {e}") from e
 
     def signature(self) -> tuple[int, int]:
-        """Cheap change detector (mtime_ns, size): compare before each batch; (0, 0) when absent."""
+        """Change detector, cheap enough to call before every sampling batch: (inode, revision).
+
+        Every write bumps `revision` and replaces the file (a new inode), so no change is missed
+        even when two writes land within one mtime tick. (0, 0) when there is no registry yet.
+        """
         try:
-            st = self.path.stat()
+            with open(self.path, "rb") as f:
+                ino = os.fstat(f.fileno()).st_ino
+                rev = json.loads(f.read()).get("revision", 0)
         except FileNotFoundError:
             return (0, 0)
-        return (st.st_mtime_ns, st.st_size)
+        except ValueError:
+            return (-1, -1)  # corrupt: current() will say so
+        return (ino, int(rev))
 
     def list(self) -> list[PolicyRecord]:
         return sorted(self._read().versions.values(), key=lambda r: r.created_at)

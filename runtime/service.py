@@ -29,6 +29,7 @@ from runtime.auth import TokenAuth
 from runtime.metrics import Metrics
 
 log = logging.getLogger("evolve.runtime")
+OPEN_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/info"}
 ASSISTANTS = ({"name": "agent", "scaffold": "direct", "description": "DriftBench agent, direct act"},
               {"name": "agent-plan", "scaffold": "plan_act", "description": "DriftBench agent, plan then act"})
 
@@ -77,7 +78,8 @@ class Runtime:
         self.checkpointer, self._cp_close = _make_checkpointer(cfg.checkpointer, self.data_dir)
         deps = AgentDeps(runner=self.runner, tokenizer=tokenizer, memory=self.memory, tools=list(cfg.extra_tools),
                          cfg=AgentConfig(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                                         temperature=cfg.temperature),
+                                         temperature=cfg.temperature,
+                                         max_context=int(getattr(engine, "max_len", 1024))),
                          on_turn=self.metrics.observe_turn)
         self.graph = build_graph(deps, checkpointer=self.checkpointer, store=self.store)
         self.assistants = api_langgraph.make_assistants(cfg.assistants)
@@ -170,20 +172,26 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     app.include_router(api_evolve.router)
 
     @app.middleware("http")
-    async def limits_and_metrics(request: Request, call_next):
+    async def limits_auth_metrics(request: Request, call_next):
+        """Size limits, then auth (before the body is even parsed), then the route; metrics."""
         t0 = time.perf_counter()
         cl = request.headers.get("content-length")
         if cl is not None and (not cl.isdigit() or int(cl) > cfg.max_body_bytes):
             return JSONResponse({"detail": f"request body too large (limit {cfg.max_body_bytes} bytes)"}, 413)
         if cl is None and request.headers.get("transfer-encoding"):  # a length we can check up front
             return JSONResponse({"detail": "send a Content-Length header (chunked request bodies are refused)"}, 411)
+        rt = getattr(request.app.state, "rt", None)
+        if request.url.path not in OPEN_PATHS and rt is not None:
+            request.state.principal = rt.auth.authenticate(request.headers)
+            if request.state.principal is None:
+                return JSONResponse({"detail": "missing or invalid API token: send 'Authorization: Bearer <token>' "
+                                               "or 'x-api-key: <token>'"}, 401, headers={"WWW-Authenticate": "Bearer"})
         try:
             response = await call_next(request)
         except Exception:  # never a bare 500 page: log it, answer with a JSON error
             log.exception("unhandled error on %s %s", request.method, request.url.path)
             response = JSONResponse({"detail": "internal error (logged)"}, 500)
         route = request.scope.get("route")
-        rt = getattr(request.app.state, "rt", None)
         if rt is not None:
             rt.metrics.observe_request(request.method, getattr(route, "path", "unmatched"), response.status_code,
                                        time.perf_counter() - t0)

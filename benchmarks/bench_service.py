@@ -1,0 +1,173 @@
+"""Agent service under load: 1, 8 and 32 concurrent simulated users on loopback.
+
+Each simulated user is an official `langgraph-sdk` client: it opens a thread on a DriftBench
+task, sends its request (`runs.wait`) and approves every write the agent proposes (resuming
+with `command={"resume": {"type": "accept"}}`) until the episode ends. One agent turn is one
+request/response cycle as the user sees it (a run that ends in a reply or an approval request).
+
+Figures (flat JSON keys): per level `u{N}_turn_p50_s`, `u{N}_turn_p99_s`, `u{N}_turns_per_s`,
+`u{N}_policy_calls_per_s`, `u{N}_errors` (must be 0); and measured side by side in this run,
+`overhead_ratio`: service time per policy call at 1 user / a bare `engine.generate` of the same
+kind of prompt in this process (the runtime's own overhead: HTTP, graph, checkpoints, memory).
+
+    .venv/bin/python benchmarks/bench_service.py --out bench-out/bench_service.json [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+TOKEN = "bench-token-0001"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path, engine: str, max_turns: int, max_new_tokens: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "EVOLVE_TOKENS": f"{TOKEN}=bench", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(data_dir.parent / "server.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "evolve"), "serve", "--port", str(port),
+                             "--data-dir", str(data_dir), "--engine", engine, "--max-turns", str(max_turns),
+                             "--max-new-tokens", str(max_new_tokens)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(900):
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {(data_dir.parent / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("server did not start")
+
+
+async def user(client, seed: int, episodes: int, lat: list[float], calls: list[int], errors: list[str]) -> None:
+    """One simulated user: `episodes` tasks, approving every write."""
+    for ep in range(episodes):
+        try:
+            t = await client.threads.create(metadata={"world": "driftbench/retail-v1", "task_seed": seed * 100 + ep})
+            tid, n_steps = t["thread_id"], 0
+            kwargs: dict = {"input": {"messages": []}}
+            for _ in range(20):
+                t0 = time.perf_counter()
+                out = await client.runs.wait(tid, "agent", **kwargs)
+                lat.append(time.perf_counter() - t0)
+                if "__error__" in out:
+                    errors.append(str(out["__error__"]))
+                    break
+                steps = len(out.get("steps", []))
+                calls.append(steps - n_steps)
+                n_steps = steps
+                if "__interrupt__" not in out:
+                    break
+                kwargs = {"command": {"resume": {"type": "accept", "args": None}}}
+        except Exception as e:  # every failure is counted, none is hidden
+            errors.append(f"{type(e).__name__}: {e}")
+
+
+async def level(url: str, n_users: int, episodes: int) -> dict[str, float]:
+    from langgraph_sdk import get_client
+
+    clients = [get_client(url=url, api_key=TOKEN, timeout=600) for _ in range(n_users)]
+    lat: list[float] = []
+    calls: list[int] = []
+    errors: list[str] = []
+    t0 = time.perf_counter()
+    await asyncio.gather(*(user(c, 1000 * n_users + i, episodes, lat, calls, errors) for i, c in enumerate(clients)))
+    wall = time.perf_counter() - t0
+    for c in clients:
+        await c.aclose()
+    lat.sort()
+    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")  # noqa: E731
+    return {"turn_p50_s": q(0.50), "turn_p99_s": q(0.99), "turns": len(lat), "turns_per_s": len(lat) / wall,
+            "policy_calls": sum(calls), "policy_calls_per_s": sum(calls) / wall,
+            "s_per_policy_call": sum(lat) / max(1, sum(calls)), "errors": len(errors), "wall_s": wall,
+            "error_samples": errors[:3]}
+
+
+def bare_engine_call(policy: str, max_new_tokens: int, n: int = 8) -> float:
+    """Mean seconds of one engine.generate on a first-turn prompt, in this process."""
+    import dynamic_bench
+    from runtime import scaffolds
+    from training.engines import SamplingParams, make_engine
+    from training.policy import stop_token_ids
+
+    eng = make_engine(policy)
+    env = dynamic_bench.make("driftbench/retail-v1", user_simulation=False)
+    sc = scaffolds.get("direct")
+    times = []
+    for i in range(n):
+        obs, info = env.reset(seed=i)
+        ctx = scaffolds.Context(policy_text=info["policy_text"], tools=info["tools"],
+                                history=[("user", obs.removeprefix("user: "))])
+        ids = sc.encode_prompt(eng.tokenizer, ctx)
+        t0 = time.perf_counter()
+        eng.generate([ids], SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids(eng.tokenizer)))
+        times.append(time.perf_counter() - t0)
+    return statistics.mean(times[1:]) if len(times) > 1 else times[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="one short episode per user (about a minute)")
+    ap.add_argument("--engine", default=None, help="torch:DIR etc. (default: the tiny cold-start policy)")
+    ap.add_argument("--work-dir", default="runs/bench_service")
+    ap.add_argument("--users", default="1,8,32")
+    args = ap.parse_args()
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    engine = args.engine
+    if engine is None:
+        from training.coldstart import ensure_coldstart
+
+        engine = "torch:" + str(ensure_coldstart(work / "policy-tiny", "tiny", seed=0, progress=False))
+    max_turns, max_new = (2, 24) if args.quick else (6, 48)
+    episodes = 1 if args.quick else 3
+    levels = [int(x) for x in args.users.split(",")]
+    data = work / f"data-{int(time.time())}"
+    proc, url = start_server(data, engine, max_turns, max_new)
+    out: dict = {"quick": args.quick, "engine": engine, "max_turns": max_turns, "max_new_tokens": max_new,
+                 "episodes_per_user": episodes, "cpus": os.cpu_count()}
+    try:
+        asyncio.run(level(url, 1, 1))  # warm-up (first-call costs are not load)
+        for n in tqdm(levels, desc="users"):
+            r = asyncio.run(level(url, n, episodes))
+            out.update({f"u{n}_{k}": v for k, v in r.items()})
+        out["bare_engine_call_s"] = bare_engine_call(engine, max_new)
+        out["service_s_per_policy_call_1user"] = out.get("u1_s_per_policy_call", float("nan"))
+        out["overhead_ratio"] = out["service_s_per_policy_call_1user"] / out["bare_engine_call_s"]
+        out["errors"] = sum(out.get(f"u{n}_errors", 0) for n in levels)
+        out["metrics_excerpt"] = [ln for ln in httpx.get(url + "/metrics").text.splitlines()
+                                  if ln.startswith(("evolve_agent_turn_seconds_sum", "evolve_agent_turn_seconds_count",
+                                                    "evolve_runs_total"))]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}, indent=2))
+    if out["errors"]:
+        sys.exit(f"{out['errors']} errors under load")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The agent graph in process (real LangGraph, SQLite/Postgres checkpointers, torch engine, memory).
+
+Unparsable output is an observation; budgets end the episode; a world is rebuilt by replay when
+a thread moves to a fresh process; a user-supplied LangChain tool runs like a DriftBench tool;
+the Postgres checkpointer keeps a paused thread across connections.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from langchain_core.tools import tool
+from langgraph.types import Command
+
+from runtime.world import WorldCache, WorldConfigError, WorldSpec
+
+pytestmark = pytest.mark.slow
+
+
+@tool
+def lookup_policy(topic: str) -> str:
+    """Look up the written policy on a topic."""
+    return f"policy on {topic}: refunds within 30 days"
+
+
+lookup_policy.metadata = {"is_write": False}
+
+
+@pytest.fixture(scope="module")
+def engine_runner(tiny_policy):
+    from runtime.engine_runner import EngineRunner
+    from training.engines import make_engine
+
+    runner = EngineRunner(make_engine(f"torch:{tiny_policy}"))
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory):
+    from memory import MemoryService
+
+    m = MemoryService(tmp_path_factory.mktemp("mem"))
+    yield m
+    m.close()
+
+
+def _graph(runner, checkpointer, memory=None, worlds=None, **cfg):
+    from runtime.graph import AgentConfig, AgentDeps, build_graph
+
+    deps = AgentDeps(runner=runner, tokenizer=runner.engine.tokenizer, memory=memory, worlds=worlds or WorldCache(),
+                     tools=[lookup_policy], cfg=AgentConfig(max_new_tokens=32, max_turns=6, **cfg))
+    return deps, build_graph(deps, checkpointer=checkpointer)
+
+
+def _config(tid, **c):
+    return {"configurable": {"thread_id": tid, "tenant": "t1", "world": "driftbench/retail-v1", **c}}
+
+
+def _paused(graph, seeds, prefix):
+    for seed in seeds:
+        cfg = _config(f"{prefix}-{seed}", task_seed=seed, temperature=0)
+        graph.invoke({"messages": []}, cfg)
+        if graph.get_state(cfg).interrupts:
+            return cfg
+    pytest.fail(f"no write proposed on tasks {list(seeds)}")
+
+
+def test_world_spec_validation():
+    assert WorldSpec.from_config({}) is None
+    assert WorldSpec.from_config({"world": "driftbench/retail-v1", "task_seed": 3}).task_seed == 3
+    for bad in ({"world": "driftbench/none-v1"}, {"world": "driftbench/retail-v1", "task_seed": "3"},
+                {"world": "driftbench/retail-v1", "task": {"id": 1}}, {"world": "driftbench/retail-v1", "split": "x"}):
+        with pytest.raises(WorldConfigError):
+            WorldSpec.from_config(bad)
+
+
+def test_unparsable_output_is_an_observation_and_budget_aborts(engine_runner, memory, tmp_path):
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    saver = SqliteSaver(sqlite3.connect(tmp_path / "cp.sqlite", check_same_thread=False))
+    _, graph = _graph(engine_runner, saver, memory=memory, max_turns=3)
+    cfg = _config("garbled", task_seed=1, temperature=5.0, seed=3)  # near-uniform sampling: not an action
+    graph.invoke({"messages": [{"role": "user", "content": "refund my order please"}]}, cfg)
+    values = graph.get_state(cfg).values
+    steps = values["steps"]
+    assert 1 <= len(steps) <= 3
+    bad = [s for s in steps if s["action"] is None]
+    assert bad, "temperature 5 should give at least one unparsable action"
+    for s in bad:
+        assert s["observation"].startswith("error"), s
+    assert any(m.name == "observation" and m.content.startswith("error") for m in values["messages"])
+    ep = values["episode"]
+    if not any(s["action"] and s["action"]["name"] == "reply" for s in steps):
+        assert ep["outcome"] == "aborted"  # the turn budget ended it
+    traj = memory.get_trajectory(values["trajectory_id"], "t1")
+    assert traj.outcome == ep["outcome"] and traj.scaffold == "direct" and len(traj.steps) == len(steps)
+    assert traj.steps[0].prompt_token_ids == steps[0]["prompt_token_ids"]
+
+
+def test_fresh_process_rebuilds_world_by_replay_and_user_tool_runs(engine_runner, tmp_path):
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(tmp_path / "cp.sqlite", check_same_thread=False)
+    _, graph = _graph(engine_runner, SqliteSaver(conn))
+    cfg = _paused(graph, range(0, 10), "replay")
+    graph.invoke(Command(resume={"type": "accept", "args": None}), cfg)
+    before = graph.get_state(cfg).values
+    assert before["applied"], "an accepted write is applied to the world"
+
+    worlds = WorldCache()  # as if the server had restarted: no live env for this thread
+    deps2, graph2 = _graph(engine_runner, SqliteSaver(conn), worlds=worlds)
+    state = graph2.get_state(cfg)
+    if state.interrupts:  # take the next step over with the user's own LangChain tool
+        graph2.invoke(Command(resume={"type": "takeover", "args": {"action": "lookup_policy",
+                                                                   "args": {"topic": "refunds"}}}), cfg)
+        values = graph2.get_state(cfg).values
+        obs = [m.content for m in values["messages"] if m.type == "tool"]
+        assert any(o.startswith('user took over and did lookup_policy {"topic":"refunds"}; policy on refunds')
+                   for o in obs), obs
+        assert values["feedback"][-1]["kind"] == "takeover"
+    else:
+        graph2.invoke({"messages": [{"role": "user", "content": "and now?"}]}, cfg)
+        values = graph2.get_state(cfg).values
+    assert worlds.rebuilds >= 1
+    world = worlds.get(cfg["configurable"]["thread_id"], WorldSpec(**values["episode"]["world"]),
+                       list(values["applied"]))
+    assert world.applied == values["applied"][: len(world.applied)]
+    assert values["applied"][: len(before["applied"])] == before["applied"]
+
+
+@pytest.mark.postgres
+def test_postgres_checkpointer_keeps_a_paused_thread(engine_runner, pg_url):
+    from runtime.service import _make_checkpointer
+
+    saver, close = _make_checkpointer(pg_url, None)
+    _, graph = _graph(engine_runner, saver)
+    cfg = _paused(graph, range(0, 10), "pg")
+    paused = graph.get_state(cfg)
+    close()
+
+    saver2, close2 = _make_checkpointer(pg_url, None)  # a new connection, a new graph
+    try:
+        _, graph2 = _graph(engine_runner, saver2)
+        again = graph2.get_state(cfg)
+        assert again.values["steps"] == paused.values["steps"] and again.next == ("approval",)
+        graph2.invoke(Command(resume={"type": "ignore", "args": None}), cfg)
+        after = graph2.get_state(cfg).values
+        assert after["feedback"][0]["kind"] == "reject"
+        assert any(m.type == "tool" and m.content == "user rejected it; nothing changed" for m in after["messages"])
+    finally:
+        close2()
