@@ -38,11 +38,13 @@ def test_proposal_parses_tools_ids_and_outcomes():
 @pytest.mark.parametrize("mode", ["policy", "mixture"])
 def test_substituted_actions_carry_engine_scored_logprobs(tiny_policy, mode):
     from training.engines.torch_engine import TorchEngine
+    from runtime.scaffolds import get as get_scaffold
     from training.policy import stop_token_ids
 
     inner = TorchEngine(tiny_policy, seed=0)
     tok = inner.tokenizer
-    eng = ExploringEngine(inner, tok, eps=0.5, mode=mode, end_ids=stop_token_ids(tok), rng=random.Random(1))
+    eng = ExploringEngine(inner, tok, eps=0.5, mode=mode, rng=random.Random(1),
+                          completion_text=get_scaffold("direct").completion_text)
     prompt = tok.encode(PROMPT, add_special_tokens=False)
     gens = eng.generate([prompt] * 12, SamplingParams(max_new_tokens=8, temperature=1.0, seed=0))
     subs = [g for g in gens if g.extra["explore"]["substituted"]]

@@ -101,24 +101,30 @@ def test_interrupted_run_resumes_where_it_stopped(drift_policy, tmp_path, deny_p
 def test_ray_backed_run_completes(drift_policy, tmp_path, deny_pool):
     pytest.importorskip("ray")
     out = tmp_path / "ray"
-    adapter = _run(_cfg(drift_policy, out, steps=2, backend="ray", n_workers=2, groups_per_step=2,
-                        max_groups_per_step=2), deny_pool)
+    adapter = _run(_cfg(drift_policy, out, steps=2, backend="ray", n_workers=1), deny_pool)
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2] and adapter.exists()
     # same seed, thread backend: the backend does not change what is learned
-    _run(_cfg(drift_policy, tmp_path / "thr", steps=2, n_workers=2, groups_per_step=2, max_groups_per_step=2), deny_pool)
+    _run(_cfg(drift_policy, tmp_path / "thr", steps=2, n_workers=1), deny_pool)
     assert _trace(out) == _trace(tmp_path / "thr")
+
+
+@pytest.mark.slow
+def test_process_backed_run_completes(drift_policy, tmp_path, deny_pool):
+    out = tmp_path / "proc"
+    _run(_cfg(drift_policy, out, steps=1, backend="process", n_workers=1), deny_pool)
+    assert [r["step"] for r in read_metrics(out)] == [1]
 
 
 def test_async_run_respects_the_staleness_bound(drift_policy, tmp_path, deny_pool):
     out = tmp_path / "async"
-    _run(_cfg(drift_policy, out, steps=4, eta=1, n_workers=2, queue_size=3, backend="process",
-              checkpoint_every=10), deny_pool)
+    _run(_cfg(drift_policy, out, steps=4, eta=1, n_workers=2, queue_size=3, checkpoint_every=10), deny_pool)
     rows = read_metrics(out)
     assert len(rows) == 4
     lags = [int(k) for r in rows for k in r["staleness_hist"]]
-    assert max(lags) <= 1 and sum(r["stale_rejected"] for r in rows) >= 0
-    assert all(r["staleness_mean"] <= 1 for r in rows)
+    assert max(lags) <= 1 and all(r["staleness_mean"] <= 1 for r in rows)
+    # rollouts ran ahead of the learner: some admitted groups were one version old, or were rejected
+    assert max(lags) == 1 or sum(r["stale_rejected"] for r in rows) > 0
 
 
 def test_config_is_validated(drift_policy, tmp_path, deny_pool):

@@ -28,7 +28,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from training.engines.base import Engine, Generation, SamplingParams
 
@@ -140,7 +140,7 @@ class ExploringEngine(Engine):
     tokenizer: object
     eps: float = 0.1
     mode: str = "policy"  # "policy" | "mixture" (see module doc)
-    end_ids: tuple[int, ...] = ()
+    completion_text: Callable[[str], str] = lambda action: action + "<|end|>"  # the scaffold's
     rng: random.Random = field(default_factory=random.Random)
     stats: dict = field(default_factory=lambda: {"turns": 0, "explored": 0})
     temperature: float = 1.0
@@ -188,7 +188,7 @@ class ExploringEngine(Engine):
                 continue
             if sub:
                 text, u = prop.draw(self.rng)
-                ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + list(self.end_ids[:1])
+                ids = list(self.tokenizer.encode(self.completion_text(text), add_special_tokens=False))
                 gen = Generation(token_ids=ids, logprobs=self._score(prompt, ids), finish_reason="stop",
                                  policy_version=self.inner.policy_version,
                                  extra={"explore": {"substituted": True, "action": text}})
