@@ -146,6 +146,7 @@ class Ledger:
                 cur.execute("PRAGMA secure_delete=ON")  # forget: deleted text is zeroed on disk
                 cur.close()
         SQLModel.metadata.create_all(self.engine, tables=TABLES)
+        self.fresh: dict[str, tuple[int, MemoryItem]] = {}  # item -> (seq, state) just committed
 
     def close(self) -> None:
         self.engine.dispose()
@@ -167,7 +168,11 @@ class Ledger:
             return []
         if conn is None:
             with self.tx() as c:
-                return self.commit(changes, c)
+                seqs = self.commit(changes, c)
+            for ch, sq in zip(changes, seqs):  # committed: projections may use these directly
+                if ch.item is not None:
+                    self.fresh[ch.item.id] = (sq, ch.item)
+            return seqs
         now = time.time()
         rows = [{
             "ts": now, "type": c.type, "tenant": c.tenant,
@@ -271,9 +276,10 @@ class Ledger:
         with self.engine.connect() as c:
             return list(c.execute(q))
 
-    def touched_since(self, after: int) -> tuple[dict[str, str], set[str], int]:
-        """Items and tenant-wide events after `after`: ({item_id: tenant}, forgotten tenants, max)."""
-        items: dict[str, str] = {}
+    def touched_since(self, after: int) -> tuple[dict[str, tuple[str, int]], set[str], int]:
+        """Items and tenant-wide events after `after`:
+        ({item_id: (tenant, last seq)}, forgotten tenants, max seq)."""
+        items: dict[str, tuple[str, int]] = {}
         forgotten: set[str] = set()
         top = after
         q = (sa.select(EV.c.seq, EV.c.item_id, EV.c.tenant, EV.c.type)
@@ -282,10 +288,22 @@ class Ledger:
             for seq, iid, tenant, typ in c.execute(q):
                 top = seq
                 if iid:
-                    items[iid] = tenant
+                    items[iid] = (tenant, seq)
                 elif typ == "tenant_forgotten":
                     forgotten.add(tenant)
         return items, forgotten, top
+
+    def current(self, touched: dict[str, tuple[str, int]]) -> dict[str, MemoryItem]:
+        """Current state of touched items: this process's fresh commits, else the database."""
+        out: dict[str, MemoryItem] = {}
+        for iid, (_, seq) in touched.items():
+            f = self.fresh.get(iid)
+            if f is not None and f[0] == seq:
+                out[iid] = f[1]
+        rest = [i for i in touched if i not in out]
+        out.update(self.get_many(rest))
+        self.fresh.clear()
+        return out
 
     def snapshots_at(self, item_ids: list[str], version: int) -> dict[str, MemoryItem | None]:
         """Each item's state at ledger version `version` (None: it did not exist yet)."""

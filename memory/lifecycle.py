@@ -76,7 +76,7 @@ def rollback(svc: "MemoryService", version: int | None = None, *, at: float | No
             else:
                 if _same_state(old, cur):
                     continue
-                new = old.model_copy(deep=True)
+                new = old  # freshly parsed: no copy needed
                 new.status_reason = f"rolled back to version {target}"
             new.version, new.updated_at = cur.version + 1, now
             changes.append(Change("rolled_back", cur.tenant, new, {"to_version": target, "reason": reason}))

@@ -255,7 +255,8 @@ class GraphProjection:
         node = f"item:{item_id}"
         return [] if g is None or not g.has_node(node) else [v for _, v in g.out_edges(node)]
 
-    def expand(self, tenant: str, seeds: set[str], weight: float = 1.0) -> dict[str, float]:
+    def expand(self, tenant: str, seeds: set[str], weight: float = 1.0,
+               max_degree: int = 50) -> dict[str, float]:
         """Items that mention a seed entity (`weight`) or an entity one relation away (half)."""
         g = self.graphs.get(tenant)
         if g is None:
@@ -263,12 +264,14 @@ class GraphProjection:
         seeds = {s for s in seeds if g.has_node(s)}
         hop = set()
         for s in seeds:
-            for n in list(g.successors(s)) + list(g.predecessors(s)):
+            for n in list(g.successors(s))[:max_degree] + list(g.predecessors(s))[:max_degree]:
                 if not n.startswith("item:"):
                     hop.add(n)
         out: dict[str, float] = {}
         for ents, w in ((hop - seeds, weight / 2), (seeds, weight)):
             for e in ents:
+                if g.in_degree(e) > max_degree:  # hub entities (a tool everyone uses) say little
+                    continue
                 for u in g.predecessors(e):
                     if u.startswith("item:"):
                         out[u[5:]] = max(out.get(u[5:], 0.0), w)

@@ -44,7 +44,7 @@ class MemoryConfig:
     w_vector: float = 0.6
     w_keyword: float = 0.3
     w_graph: float = 0.1
-    graph_save_every: int = 5000  # graph file is rewritten after this many item changes
+    graph_save_every: int = 20000  # graph file is rewritten after this many item changes
 
 
 class MemoryService:
@@ -112,9 +112,9 @@ class MemoryService:
                 self.vec.drop_tenant(t)
                 self.graph.drop_tenant(t)
                 self.kw.drop_tenant(t)
-            current = self.ledger.get_many(touched)
+            current = self.ledger.current(touched)
             by_tenant: dict[str, dict[str, MemoryItem | None]] = {}
-            for iid, tenant in touched.items():
+            for iid, (tenant, _) in touched.items():
                 it = current.get(iid)
                 by_tenant.setdefault(tenant, {})[iid] = it if it and it.status in LIVE_STATUSES else None
             for tenant, items in by_tenant.items():
@@ -226,7 +226,6 @@ class MemoryService:
         out: list[MemoryItem] = []
         if not items:
             return changes, out
-        vecs = self.embedder.embed([it.text for it in items])
         hashes = [content_hash(it.tenant, it.kind, it.text) for it in items]
         existing: dict[str, MemoryItem] = {}
         if dedup:
@@ -236,7 +235,20 @@ class MemoryService:
                     IT.c.status.in_(("candidate", "validated")))
                 for h, doc in c.execute(q):
                     existing.setdefault(h, MemoryItem.model_validate_json(doc))
-        near = self._near_duplicates(items, vecs) if dedup else [None] * len(items)
+        # exact duplicates (already stored, or earlier in this batch) need no embedding at all
+        seen = set(existing) if dedup else set()
+        todo = []
+        for i, h in enumerate(hashes):
+            if h not in seen or not dedup:
+                seen.add(h)
+                todo.append(i)
+        vecs = np.zeros((len(items), 384), dtype=np.float32)
+        if todo:
+            vecs[todo] = self.embedder.embed([items[i].text for i in todo])
+        near: list[MemoryItem | None] = [None] * len(items)
+        if dedup and todo:
+            for i, m in zip(todo, self._near_duplicates([items[i] for i in todo], vecs[todo])):
+                near[i] = m
         pending: dict[str, MemoryItem] = {}  # items written (or merged into) by this batch
         batch_vecs: list[tuple[MemoryItem, np.ndarray]] = []
         for it, h, v, nd in zip(items, hashes, vecs, near):
@@ -372,6 +384,26 @@ class MemoryService:
         def mutate(it: MemoryItem) -> None:
             it.status, it.valid_to, it.status_reason = "retired", time.time(), reason
         return self._update(item_id, tenant, "retired", {"reason": reason}, mutate)
+
+    def retire_many(self, item_ids: list[str], reason: str, *, tenant: str | None = None) -> int:
+        """Retire many items in one transaction (consolidation retires in bulk)."""
+        with self._lock:
+            found = self.ledger.get_many(item_ids)
+            missing = [i for i in item_ids if i not in found or (tenant and found[i].tenant != tenant)]
+            if missing:
+                raise NotFound(f"unknown memory item(s) {missing[:5]}")
+            now = time.time()
+            changes = []
+            for it in found.values():
+                if it.status in ("retired", "retracted"):
+                    continue
+                it.status, it.valid_to, it.status_reason = "retired", now, reason
+                it.version += 1
+                it.updated_at = now
+                changes.append(Change("retired", it.tenant, it, {"reason": reason}))
+            self.ledger.commit(changes)
+            self.sync()
+            return len(changes)
 
     def supersede(self, old_id: str, new_text: str | None = None, *, new_id: str | None = None,
                   tenant: str | None = None, **add_kw: Any) -> MemoryItem:
