@@ -3,7 +3,8 @@
 An item is judged on the tasks it came from (its provenance trajectories' tasks): the promoted
 policy plays each of them greedily with *no* memory in its prompt; an item all of whose tasks
 succeed is retired with that reason, so dependence on external memory falls. Items about a
-case the policy still fails stay. Decisions are saved before any retirement, and an item that
+case the policy still fails stay. The same tasks are also played with the memory the runtime
+would recall for them, so the report shows success with and without memory. Decisions are saved before any retirement, and an item that
 is already retired is left alone, so a rerun after a crash retires nothing twice.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
     return out
 
 
-def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, trajs: list,
+def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tenants: set[str],
                 fault: Callable[[], None] = lambda: None) -> dict[str, Any]:
     from evolve.stages import evaluate
 
@@ -49,28 +50,26 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tr
     if path.exists():
         plan = json.loads(path.read_text())
     else:
-        tenants = {t.tenant for t in trajs}
         cands = candidates(mem, tenants, cfg.consolidate_tasks)
-        uniq = {t.id: t for c in cands for t in c["tasks"]}
-        tasks = list(uniq.values())
-        res = evaluate(cfg, adapter, version, {"items": tasks}, seed=cfg.seed * 11 + 3)["items"] if tasks else []
-        ok = {t.id: r for t, r in zip(tasks, res)}
-        # The same tasks as played online (serving policy + memory), from the trajectory log.
-        logged = {}
-        for tr in trajs:
-            task = task_of(tr)
-            if task is not None and task.id in ok:
-                logged.setdefault(task.id, int(tr.outcome == "success"))
+        uniq = {(c["item"].tenant, t.id): t for c in cands for t in c["tasks"]}
+        keys = list(uniq)
+        tasks = [uniq[k] for k in keys]
+        # With memory: what the runtime would recall for the task (before anything is retired).
+        notes = [[h.item.text for h in mem.search(tenant, t.instruction, k=3)] for (tenant, _), t in uniq.items()]
+        seed = cfg.seed * 11 + 3
+        res = evaluate(cfg, adapter, version, {"without": tasks, "with": tasks}, seed=seed,
+                       memory={"with": notes}) if tasks else {"without": [], "with": []}
+        ok = {k: r for k, r in zip(keys, res["without"])}
         decisions = []
         for c in cands:
             ids = [t.id for t in c["tasks"]]
-            wins = sum(ok[i] for i in ids)
+            wins = sum(ok[(c["item"].tenant, i)] for i in ids)
             decisions.append({"item_id": c["item"].id, "tenant": c["item"].tenant, "kind": c["item"].kind,
                               "text": c["item"].text, "tasks": ids, "successes_without_memory": wins,
                               "retire": wins == len(ids)})
         plan = {"version": version, "decisions": decisions, "n_tasks": len(tasks),
-                "success_without_memory": sum(ok.values()) / max(1, len(ok)),
-                "success_with_memory_logged": (sum(logged.values()) / len(logged)) if logged else None}
+                "success_without_memory": sum(res["without"]) / max(1, len(tasks)),
+                "success_with_memory": sum(res["with"]) / max(1, len(tasks))}
         write_json(path, plan)
     fault()
     retired = 0
@@ -86,4 +85,4 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tr
     return {"items_considered": len(plan["decisions"]), "retired": sum(d["retire"] for d in plan["decisions"]),
             "retired_now": retired, "kept": sum(not d["retire"] for d in plan["decisions"]),
             "tasks_evaluated": plan["n_tasks"], "success_without_memory": plan["success_without_memory"],
-            "success_with_memory_logged": plan["success_with_memory_logged"]}
+            "success_with_memory": plan["success_with_memory"]}

@@ -36,22 +36,17 @@ def schedule(out: Path, shift_at: float = 0.25) -> Path:
 
 def offline_arm(policy: Path, adapter: str | None, version: str, episodes: list, cfg: DemoConfig,
                 max_turns: int) -> list[float]:
-    """A policy with no memory on the stream's episodes, in process (same tasks and env seeds)."""
+    """A policy with no memory on the stream's episodes, in process (greedy, like the served arms)."""
     from training.engines import make_engine
-    from training.rl.runner import EpisodeRunnerFactory, rollout_tasks
+    from training.rollout import RolloutConfig, rollout
 
     engine = make_engine(f"torch:{policy}", seed=cfg.seed)
     if adapter:
         engine.load_adapter(adapter, version)
-    spec = EpisodeRunnerFactory(model=str(policy), env_id=f"driftbench/{cfg.domain}-v1", max_turns=max_turns)
-    out = []
-    for s in range(0, len(episodes), 32):
-        chunk = episodes[s:s + 32]
-        trajs = rollout_tasks(engine, engine.tokenizer, [e.task for e in chunk], cfg.seed * 1000 + s, spec,
-                              temperature=0.0)
-        out += [float(t.outcome == "success") for t in trajs]
+    trajs = rollout(engine, engine.tokenizer, [e.task for e in episodes],
+                    RolloutConfig(temperature=0.0, max_steps=max_turns, seed=cfg.seed))
     engine.close()
-    return out
+    return [float(t.outcome == "success") for t in trajs]
 
 
 def drive(url: str, cfg: DemoConfig, stream_file: Path, start: int, n: int, total: int, max_turns: int) -> list[dict]:

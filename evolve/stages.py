@@ -123,6 +123,7 @@ def experience(ctx: CycleContext) -> dict:
     _write_jsonl(out / "tasks.jsonl", rows)
     contexts = rule_contexts(trajs)
     write_json(out / "contexts.json", contexts)
+    ctx.fault_point("experience")
     return {"sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
             "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
             "rule_contexts": len(contexts), "corrupted": bool(cfg.corrupt_rewards)}
@@ -199,21 +200,23 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
     return out
 
 
-def evaluate(cfg: CycleConfig, adapter: str | None, version: str, slices: dict[str, list], seed: int) -> dict[str, list[int]]:
-    """Greedy outcomes (1/0) per task, no memory, same tasks and env seeds for every policy."""
+def evaluate(cfg: CycleConfig, adapter: str | None, version: str, slices: dict[str, list], seed: int,
+             memory: dict[str, list[list[str]]] | None = None) -> dict[str, list[int]]:
+    """Greedy outcomes (1/0) per task, same tasks and env seeds for every policy; no memory unless
+    `memory[slice][i]` gives the notes shown for task i (training.rollout renders them as the
+    runtime does)."""
     from training.engines import make_engine
-    from training.rl.runner import EpisodeRunnerFactory, rollout_tasks
+    from training.rollout import RolloutConfig, rollout
 
     base = base_policy(cfg)
     engine = make_engine(f"torch:{base}", seed=seed)
     if adapter:
         engine.load_adapter(adapter, version)
-    spec = EpisodeRunnerFactory(model=str(base), env_id=f"driftbench/{cfg.domain}-v1", max_turns=cfg.max_turns)
+    rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=seed)
     out = {}
     for name, tasks in slices.items():
-        trajs = []
-        for s in range(0, len(tasks), 32):
-            trajs += rollout_tasks(engine, engine.tokenizer, tasks[s:s + 32], seed + s, spec, temperature=0.0)
+        mem = (memory or {}).get(name)
+        trajs = rollout(engine, engine.tokenizer, tasks, rc, memory=mem) if tasks else []
         out[name] = [int(t.outcome == "success") for t in trajs]
     engine.close()
     return out
@@ -265,7 +268,7 @@ def consolidate(ctx: CycleContext) -> dict:
     if g.get("outcome") != "promoted":
         return {"skipped": f"no promotion ({g.get('outcome')})", "retired": 0}
     rec = registry(ctx).get(g["candidate"])
-    return run(ctx.cfg, memory(ctx), rec.adapter_path, rec.version, ctx.dir, window(ctx),
+    return run(ctx.cfg, memory(ctx), rec.adapter_path, rec.version, ctx.dir, {t.tenant for t in window(ctx)},
                fault=lambda: ctx.fault_point("consolidate"))
 
 
@@ -278,6 +281,7 @@ def report(ctx: CycleContext) -> dict:
            "stages": {k: {kk: vv for kk, vv in (v.get("output") or {}).items() if kk not in ("item_ids", "gate")}
                       for k, v in st.stages.items() if k != "report"},
            "gate": g.get("gate"), "consolidation": ctx.output("consolidate")}
+    ctx.fault_point("report")
     paths = write_cycle_report(ctx.dir, rep)
     if "memory" in ctx.cache:
         ctx.cache.pop("memory").close()

@@ -84,7 +84,7 @@ def play_episode(client, ep, persona: SimPersona | None, cfg: SimConfig) -> dict
     thread = client.threads.create(metadata={"world": f"driftbench/{task.domain}-v1",
                                              "task": task.model_dump(mode="json"), "episode": ep.index})
     tid = thread["thread_id"]
-    conf: dict[str, Any] = {"seed": int(ep.seed)}
+    conf: dict[str, Any] = {"seed": int(ep.seed) % 1_000_000_000}
     if cfg.temperature is not None:
         conf["temperature"] = cfg.temperature
     if cfg.max_turns is not None:

@@ -1,0 +1,35 @@
+"""`evolve demo` end to end at the tiny size: service, simulated users, memory, one cycle, report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_tiny_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    evolve = str(Path(sys.executable).parent / "evolve")
+    p = subprocess.run([evolve, "demo", "--preset", "tiny", "--mode", "full", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["mode"] == "full"
+    n = rep["episodes"]
+    assert set(rep["arms"]) == {"static policy", "memory only", "memory + evolve"}
+    for name, ys in rep["curves"].items():
+        assert len(ys) == n, name
+    # the arms share the stream up to the cycle, then diverge only after it
+    assert rep["curves"]["memory only"][:rep["cycle_at"]] == rep["curves"]["memory + evolve"][:rep["cycle_at"]]
+    assert rep["gate"]["outcome"] in ("promoted", "rejected", "nothing-to-learn")
+    for k in ("aulc", "recovery_episodes", "success_rate"):
+        assert all(k in a for a in rep["arms"].values())
+    assert (out / "curve.png").stat().st_size > 0 and (out / "report.md").read_text().startswith("# Evolve demo")
+    assert Path(rep["cycle_report"]).exists()
+    assert "curve:" in p.stdout
