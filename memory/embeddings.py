@@ -78,6 +78,7 @@ class CachedEmbedder:
         self.ledger = ledger
         self.misses = 0
         self._hot: dict[str, np.ndarray] = {}  # in-process copy of recent vectors
+        self._queries: dict[str, np.ndarray] = {}  # LRU of recent query vectors
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if len(self._hot) > 200_000:
@@ -106,8 +107,15 @@ class CachedEmbedder:
         return {h: self._hot[h] for h in hashes if h in self._hot}
 
     def query(self, text: str) -> np.ndarray:
-        """A query vector. Queries are not cached in the ledger (they are not memory)."""
+        """A query vector. Queries are not stored in the ledger (they are not memory); recent
+        ones are kept in a small in-process LRU."""
         h = text_hash(text)
         if h in self._hot:
             return self._hot[h]
-        return encode([text])[0]
+        v = self._queries.pop(h, None)
+        if v is None:
+            v = encode([text])[0]
+        self._queries[h] = v
+        if len(self._queries) > 1024:
+            self._queries.pop(next(iter(self._queries)))
+        return v

@@ -14,17 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
 
 from dynamic_bench.schema import Feedback, Trajectory
-from memory import lifecycle
+from memory import ingest, lifecycle
 from memory.embeddings import CachedEmbedder
 from memory.ledger import EV, FB, IT, TR, Change, Ledger, ledger_url
-from memory.models import (KINDS, LIVE_STATUSES, STATUSES, Explanation, Hit, HistoryEntry,
-                           InvalidInput, MemoryItem, NotFound, Provenance, TrajectoryPage)
+from memory.models import (KINDS, LIVE_STATUSES, Explanation, Hit, HistoryEntry, InvalidInput,
+                           MemoryItem, NotFound, Provenance, TrajectoryPage)
 from memory.projections import GraphProjection, KeywordIndex, VectorProjection
-from memory.text import content_hash, extract_entities, signature
+from memory.text import extract_entities
 
 log = logging.getLogger("memory")
 
@@ -178,161 +177,12 @@ class MemoryService:
 
     def add_many(self, specs: list[dict[str, Any]], dedup: bool = True) -> list[MemoryItem]:
         """Bulk add in one transaction: all of it is committed or none of it."""
-        items = [self._new_item(**s) for s in specs]
+        items = [ingest.new_item(**s) for s in specs]
         with self._lock:
             self.sync()
-            changes, out = self._plan_adds(items, dedup)
+            changes, out = ingest.plan_adds(self, items, dedup)
             self.ledger.commit(changes)
             self.sync()
-        return out
-
-    def _new_item(self, tenant: str, text: str, kind: str = "task_experience",
-                  payload: dict[str, Any] | None = None, trajectory_id: str | None = None,
-                  step: int | None = None, evidence: str = "", source: str = "agent",
-                  cycle: str | None = None, provenance: list[Provenance] | None = None,
-                  status: str = "candidate", entities: list[str] | None = None,
-                  relations: list[tuple[str, str, str]] | None = None, tier: str = "long_term",
-                  valid_from: float | None = None, namespace: list[str] | None = None,
-                  key: str | None = None, id: str | None = None) -> MemoryItem:
-        if not isinstance(tenant, str) or not tenant.strip():
-            raise InvalidInput("tenant must be a non-empty string")
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidInput("text must be a non-empty string")
-        if kind not in KINDS:
-            raise InvalidInput(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-        if status not in STATUSES:
-            raise InvalidInput(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
-        prov = list(provenance or [])
-        if not prov:
-            prov = [Provenance(trajectory_id=trajectory_id, step=step, evidence=evidence or text,
-                               source=source, cycle=cycle)]
-        now = time.time()
-        payload = dict(payload or {})
-        rels = [tuple(map(str, r)) for r in (relations or [])]
-        if any(len(r) != 3 for r in rels):
-            raise InvalidInput("relations must be (subject, relation, object) triples")
-        ents = list(entities) if entities else extract_entities(text, payload)
-        ents += [e for r in rels for e in (r[0], r[2]) if e not in ents]
-        kw: dict[str, Any] = {"id": id} if id else {}
-        return MemoryItem(tenant=tenant, text=text.strip(), kind=kind, payload=payload,
-                          provenance=prov, status=status, tier=tier, entities=ents,
-                          relations=rels, created_by_cycle=cycle, valid_from=valid_from or now,
-                          created_at=now, updated_at=now, version=1,
-                          namespace=list(namespace or []), key=key, **kw)
-
-    def _plan_adds(self, items: list[MemoryItem], dedup: bool) -> tuple[list[Change], list[MemoryItem]]:
-        """Decide per item: new, merge into an exact/near duplicate, or supersede a contradiction."""
-        changes: list[Change] = []
-        out: list[MemoryItem] = []
-        if not items:
-            return changes, out
-        hashes = [content_hash(it.tenant, it.kind, it.text) for it in items]
-        existing: dict[str, MemoryItem] = {}
-        if dedup:
-            with self.ledger.engine.connect() as c:
-                q = sa.select(IT.c.content_hash, IT.c.doc).where(
-                    IT.c.content_hash.in_(list(set(hashes))),
-                    IT.c.status.in_(("candidate", "validated")))
-                for h, doc in c.execute(q):
-                    existing.setdefault(h, MemoryItem.model_validate_json(doc))
-        # exact duplicates (already stored, or earlier in this batch) need no embedding at all
-        seen = set(existing) if dedup else set()
-        todo = []
-        for i, h in enumerate(hashes):
-            if h not in seen or not dedup:
-                seen.add(h)
-                todo.append(i)
-        vecs = np.zeros((len(items), 384), dtype=np.float32)
-        if todo:
-            vecs[todo] = self.embedder.embed([items[i].text for i in todo])
-        near: list[MemoryItem | None] = [None] * len(items)
-        if dedup and todo:
-            for i, m in zip(todo, self._near_duplicates([items[i] for i in todo], vecs[todo])):
-                near[i] = m
-        pending: dict[str, MemoryItem] = {}  # items written (or merged into) by this batch
-        batch_vecs: list[tuple[MemoryItem, np.ndarray]] = []
-        for it, h, v, nd in zip(items, hashes, vecs, near):
-            target = None
-            if dedup:
-                target = existing.get(h)
-                if target is None and nd is not None:
-                    target = nd
-                if target is None:  # a near-duplicate inside this same batch
-                    for other, ov in batch_vecs:
-                        if (other.tenant == it.tenant and other.kind == it.kind
-                                and float(ov @ v) >= self.cfg.dedup_threshold
-                                and signature(other.text) == signature(it.text)):
-                            target = other
-                            break
-            if target is not None:
-                target = pending.get(target.id, target)
-                merged = target.model_copy(deep=True)
-                known = {(p.trajectory_id, p.step, p.evidence) for p in merged.provenance}
-                merged.provenance += [p for p in it.provenance
-                                      if (p.trajectory_id, p.step, p.evidence) not in known]
-                merged.version += 1
-                merged.updated_at = time.time()
-                pending[merged.id] = merged
-                changes.append(Change("merged", it.tenant, merged,
-                                      {"duplicate_text": it.text, "exact": existing.get(h) is not None},
-                                      it.provenance[0].trajectory_id, it.created_by_cycle))
-                out.append(merged)
-                continue
-            subject = it.payload.get("subject")
-            if subject is not None:
-                for old in self.ledger.find_live(it.tenant, subject=str(subject)):
-                    old = pending.get(old.id, old)
-                    if old.status not in ("candidate", "validated"):
-                        continue
-                    changes.append(self._superseded(old, it))
-                    pending[old.id] = changes[-1].item  # type: ignore[assignment]
-            for p in pending.values():
-                if (subject is not None and p.id != it.id and p.tenant == it.tenant
-                        and p.payload.get("subject") == subject and p.status in ("candidate", "validated")
-                        and p.id not in it.supersedes):
-                    changes.append(self._superseded(p, it))
-                    pending[p.id] = changes[-1].item  # type: ignore[assignment]
-            pending[it.id] = it
-            existing.setdefault(h, it)
-            batch_vecs.append((it, v))
-            changes.append(Change("added", it.tenant, it, {"subject": subject},
-                                  it.provenance[0].trajectory_id, it.created_by_cycle))
-            out.append(it)
-        # the final snapshot of each item must be the last change that mentions it
-        return changes, [pending.get(o.id, o) for o in out]
-
-    def _superseded(self, old: MemoryItem, new: MemoryItem) -> Change:
-        o = old.model_copy(deep=True)
-        o.status, o.valid_to, o.superseded_by = "superseded", new.valid_from, new.id
-        o.status_reason = f"superseded by {new.id}"
-        o.version += 1
-        o.updated_at = time.time()
-        new.supersedes.append(o.id)
-        return Change("superseded", o.tenant, o, {"by": new.id}, None, None)
-
-    def _near_duplicates(self, items: list[MemoryItem], vecs: np.ndarray) -> list[MemoryItem | None]:
-        out: list[MemoryItem | None] = [None] * len(items)
-        by_tenant: dict[str, list[int]] = {}
-        for i, it in enumerate(items):
-            by_tenant.setdefault(it.tenant, []).append(i)
-        cand: dict[int, list[tuple[str, float]]] = {}
-        for tenant, idx in by_tenant.items():
-            col = self.vec.col(tenant, create=False)
-            if col is None or col.count() == 0:
-                continue
-            r = col.query(query_embeddings=vecs[idx], n_results=min(3, col.count()),
-                          include=["distances"])
-            for i, ids, ds in zip(idx, r["ids"], r["distances"]):
-                cand[i] = [(x, 1.0 - d) for x, d in zip(ids, ds) if 1.0 - d >= self.cfg.dedup_threshold]
-        need = {x for c in cand.values() for x, _ in c}
-        found = self.ledger.get_many(need) if need else {}
-        for i, c in cand.items():
-            for x, _ in c:
-                m = found.get(x)
-                if (m and m.kind == items[i].kind and m.status in ("candidate", "validated")
-                        and signature(m.text) == signature(items[i].text)):
-                    out[i] = m
-                    break
         return out
 
     def _update(self, item_id: str, tenant: str | None, typ: str, data: dict[str, Any],
@@ -416,14 +266,14 @@ class MemoryService:
                 new = self.get(new_id, old.tenant)
                 new.supersedes.append(old.id)
                 new.version += 1
-                self.ledger.commit([self._superseded(old, new),
+                self.ledger.commit([ingest.superseded(old, new),
                                     Change("supersedes", new.tenant, new, {"old": old.id})])
             else:
                 if not new_text:
                     raise InvalidInput("supersede needs new_text or new_id")
-                new = self._new_item(tenant=old.tenant, text=new_text,
+                new = ingest.new_item(tenant=old.tenant, text=new_text,
                                      kind=add_kw.pop("kind", old.kind), **add_kw)
-                self.ledger.commit([self._superseded(old, new),
+                self.ledger.commit([ingest.superseded(old, new),
                                     Change("added", new.tenant, new, {"supersedes": old.id},
                                            new.provenance[0].trajectory_id, new.created_by_cycle)])
             self.sync()

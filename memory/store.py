@@ -30,6 +30,7 @@ from langgraph.store.base import (BaseStore, GetOp, Item, ListNamespacesOp, Op, 
 
 from memory.ledger import IT, NS_SEP, Change
 from memory.models import KINDS, LIVE_STATUSES, InvalidInput, MemoryItem, Provenance
+from memory import ingest
 from memory.service import MemoryService
 from memory.text import text_hash
 
@@ -159,7 +160,7 @@ class EvolveStore(BaseStore):
                     else "candidate"
                 prov = [Provenance.model_validate(p) for p in value.get("provenance", [])
                         if isinstance(p, dict)] if isinstance(value.get("provenance"), list) else []
-                new = svc._new_item(tenant=tenant, text=self._text(value, op.index), kind=kind,
+                new = ingest.new_item(tenant=tenant, text=self._text(value, op.index), kind=kind,
                                     status=status, source="store", id=iid, namespace=list(ns),
                                     key=op.key, provenance=prov or None)
                 new.payload = value
