@@ -57,8 +57,8 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
         # With memory: what the runtime would recall for the task (before anything is retired).
         notes = [[h.item.text for h in mem.search(tenant, t.instruction, k=3)] for (tenant, _), t in uniq.items()]
         seed = cfg.seed * 11 + 3
-        res = evaluate(cfg, adapter, version, {"without": tasks, "with": tasks}, seed=seed,
-                       memory={"with": notes}) if tasks else {"without": [], "with": []}
+        res = evaluate(cfg, [(adapter, version)], {"without": tasks, "with": tasks}, seed=seed,
+                       memory={"with": notes})[0] if tasks else {"without": [], "with": []}
         ok = {k: r for k, r in zip(keys, res["without"])}
         decisions = []
         for c in cands:

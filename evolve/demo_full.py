@@ -37,16 +37,12 @@ def schedule(out: Path, shift_at: float = 0.25) -> Path:
 def offline_arm(policy: Path, adapter: str | None, version: str, episodes: list, cfg: DemoConfig,
                 max_turns: int) -> list[float]:
     """A policy with no memory on the stream's episodes, in process (greedy, like the served arms)."""
-    from training.engines import make_engine
-    from training.rollout import RolloutConfig, rollout
+    from evolve.cycle import CycleConfig
+    from evolve.stages import evaluate
 
-    engine = make_engine(f"torch:{policy}", seed=cfg.seed)
-    if adapter:
-        engine.load_adapter(adapter, version)
-    trajs = rollout(engine, engine.tokenizer, [e.task for e in episodes],
-                    RolloutConfig(temperature=0.0, max_steps=max_turns, seed=cfg.seed))
-    engine.close()
-    return [float(t.outcome == "success") for t in trajs]
+    ccfg = CycleConfig(base_model=str(policy), domain=cfg.domain, max_turns=max_turns)
+    res = evaluate(ccfg, [(adapter, version)], {"arm": [e.task for e in episodes]}, seed=cfg.seed)[0]["arm"]
+    return [float(x) for x in res]
 
 
 def drive(url: str, cfg: DemoConfig, stream_file: Path, start: int, n: int, total: int, max_turns: int) -> list[dict]:

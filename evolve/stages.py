@@ -194,32 +194,35 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
         for c in older or [{"rules": v1, "shown_rules": v1, "shown_version": REPLAY_VERSION, "prior": []}]:
             out["old_rules"] += tasks(c["rules"], (c["shown_version"], c["shown_rules"]),
                                       [(v, r) for v, r in c["prior"]], max(1, n // max(1, len(older))))
-        out["held_out"] = tasks(last["rules"], (0, last["rules"]), prior, n)
+        out["held_out"] = tasks(last["rules"], (last["version"], last["rules"]), prior, n)
     else:
         out["current"] = tasks(v1, (REPLAY_VERSION, v1), [], n)
     return out
 
 
-def evaluate(cfg: CycleConfig, adapter: str | None, version: str, slices: dict[str, list], seed: int,
-             memory: dict[str, list[list[str]]] | None = None) -> dict[str, list[int]]:
-    """Greedy outcomes (1/0) per task, same tasks and env seeds for every policy; no memory unless
-    `memory[slice][i]` gives the notes shown for task i (training.rollout renders them as the
-    runtime does)."""
+def evaluate(cfg: CycleConfig, policies: list[tuple[str | None, str]], slices: dict[str, list], seed: int,
+             memory: dict[str, list[list[str]]] | None = None) -> list[dict[str, list[int]]]:
+    """Greedy outcomes (1/0) per task for each (adapter, version), all on the same tasks and env
+    seeds; no memory unless `memory[slice][i]` gives the notes shown for task i (training.rollout
+    renders them as the runtime does). One engine, adapters swapped in turn."""
     from training.engines import make_engine
     from training.rollout import RolloutConfig, rollout
 
-    base = base_policy(cfg)
-    engine = make_engine(f"torch:{base}", seed=seed)
-    if adapter:
-        engine.load_adapter(adapter, version)
+    engine = make_engine(f"torch:{base_policy(cfg)}", seed=seed)
     rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=seed)
-    out = {}
-    for name, tasks in slices.items():
-        mem = (memory or {}).get(name)
-        trajs = rollout(engine, engine.tokenizer, tasks, rc, memory=mem) if tasks else []
-        out[name] = [int(t.outcome == "success") for t in trajs]
-    engine.close()
-    return out
+    results = []
+    try:
+        for adapter, version in policies:
+            engine.load_adapter(adapter, version)
+            out = {}
+            for name, tasks in slices.items():
+                mem = (memory or {}).get(name)
+                trajs = rollout(engine, engine.tokenizer, tasks, rc, memory=mem) if tasks else []
+                out[name] = [int(t.outcome == "success") for t in trajs]
+            results.append(out)
+    finally:
+        engine.close()
+    return results
 
 
 def gate(ctx: CycleContext) -> dict:
@@ -241,10 +244,10 @@ def gate(ctx: CycleContext) -> dict:
         slices = gate_slices(cfg, contexts)
         cur = reg.current()
         seed = cfg.seed * 7 + 1
+        current, candidate = evaluate(cfg, [(cur.adapter_path if cur else None, reg.current_version()),
+                                            (rec.adapter_path, cand)], slices, seed)
         ev = {"current_version": reg.current_version(), "candidate_version": cand,
-              "n_tasks": {k: len(v) for k, v in slices.items()},
-              "current": evaluate(cfg, cur.adapter_path if cur else None, reg.current_version(), slices, seed),
-              "candidate": evaluate(cfg, rec.adapter_path, cand, slices, seed)}
+              "n_tasks": {k: len(v) for k, v in slices.items()}, "current": current, "candidate": candidate}
         write_json(ev_path, ev)
     d = decide({k: (ev["candidate"][k], ev["current"][k]) for k in ev["current"]}, cfg.gate_config())
     outcome = "promoted" if d.promote else "rejected"

@@ -2,12 +2,13 @@
 
 Every stage runs for real: mining into the memory ledger, experience files, LoRA training with
 `train_rl`, the paired gate on DriftBench, promotion through the runtime's policy registry,
-consolidation. Crashes are real SIGKILLs of a cycle process.
+consolidation. Crashes are real SIGKILLs of a cycle process, one in the middle of each stage.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -20,26 +21,37 @@ pytestmark = pytest.mark.slow
 
 
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
-    base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=6, gate_tasks=16,
-                groups_per_step=4, max_turns=6, seed=0)
+    base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=2, gate_tasks=8,
+                groups_per_step=2, max_turns=4, consolidate_tasks=2, seed=0)
     return CycleConfig(**{**base, **kw})
 
 
-def live_items(data_dir):
+def memory_view(data_dir) -> tuple[Counter, list]:
+    """(tenant, kind, text, status) of every item; and the items themselves."""
     from memory import MemoryService
 
     mem = MemoryService(data_dir / "memory")
     try:
-        return [it for t in mem.ledger.tenants() for it in mem.items(t)], \
-               [it for t in mem.ledger.tenants() for it in mem.items(t, statuses=("retired",))]
+        items = [it for t in mem.ledger.tenants() for it in
+                 mem.items(t, statuses=("candidate", "validated", "superseded", "retired"))]
     finally:
         mem.close()
+    return Counter((it.tenant, it.kind, it.text, it.status) for it in items), items
 
 
 def registry(data_dir):
     from runtime.policy_registry import PolicyRegistry
 
     return PolicyRegistry(data_dir)
+
+
+@pytest.fixture(scope="module")
+def clean_cycle(traffic, tiny_policy, tmp_path_factory):
+    """One uninterrupted cycle on a copy of the logged traffic."""
+    d = tmp_path_factory.mktemp("clean") / "service"
+    shutil.copytree(traffic["data"], d)
+    state = run_cycle(cfg_for(d, tiny_policy), log=lambda m: None)
+    return d, state
 
 
 def test_traffic_reached_the_ledger(traffic):
@@ -50,85 +62,103 @@ def test_traffic_reached_the_ledger(traffic):
         trajs = mem.trajectories().trajectories
     finally:
         mem.close()
-    assert len(trajs) == len(traffic["result"]["episodes"])
-    assert sum(len(t.feedback) for t in trajs) > 0
-    assert all(t.steps and t.steps[0].prompt_token_ids for t in trajs)
+    assert len(trajs) == len(traffic["result"]["episodes"]) > 0
+    assert all(t.tenant == "acme" and t.steps and t.steps[0].prompt_token_ids for t in trajs)
 
 
 def test_dry_run_shows_the_plan_and_writes_nothing(data_dir, tiny_policy):
     plan = dry_run(cfg_for(data_dir, tiny_policy, dry_run=True))
-    assert plan["trajectories_since_last_cycle"] > 0 and plan["would_mine_items"] > 0
-    assert plan["serving"] == "base" and plan["lock"] == "free"
+    assert plan["trajectories_since_last_cycle"] > 0 and plan["lock"] == "free" and plan["serving"] == "base"
     assert not (data_dir / "cycles").exists()
     assert not (data_dir / "policies" / "registry.json").exists()
 
 
-def test_cycle_promotes_a_better_adapter(data_dir, tiny_policy):
-    state = run_cycle(cfg_for(data_dir, tiny_policy), log=lambda m: None)
-    assert state.status == "done"
+def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
+    d, state = clean_cycle
+    assert state.status == "done" and all(state.stages[s]["status"] == "done" for s in STAGES)
+    assert state.stages["mine"]["output"]["trajectories"] > 0
+    assert state.outcome in ("promoted", "rejected")
+    folder = d / "cycles" / state.cycle_id
+    for f in ("report.md", "report.json", "report.png", "state.json", "gate_eval.json"):
+        assert (folder / f).stat().st_size > 0
+    rep = json.loads((folder / "report.json").read_text())
+    assert set(rep["gate"]["slices"]) == {"current", "old_rules", "held_out"}
+    n = {k: s["n"] for k, s in rep["gate"]["slices"].items()}
+    assert n["current"] == n["held_out"] == 8
+    promoted = registry(d).current_version() != "base"
+    assert promoted == (state.outcome == "promoted")
+
+
+def test_next_cycle_with_nothing_new_changes_nothing(clean_cycle, tiny_policy, tmp_path):
+    d = tmp_path / "service"
+    shutil.copytree(clean_cycle[0], d)
+    before = registry(d).describe()
+    again = run_cycle(cfg_for(d, tiny_policy), log=lambda m: None)
+    assert again.outcome == "nothing-to-learn" and again.stages["mine"]["output"]["trajectories"] == 0
+    assert registry(d).describe()["versions"] == before["versions"]
+
+
+RUN = """
+import json, sys
+from evolve.cycle import CycleConfig, run_cycle
+run_cycle(CycleConfig(**json.loads(sys.argv[1])), log=lambda m: None)
+"""
+
+
+def test_cycle_killed_in_every_stage_finishes_like_an_uninterrupted_one(clean_cycle, data_dir, tiny_policy):
+    args = json.dumps(cfg_for(data_dir, tiny_policy).__dict__)
+    for stage in STAGES:
+        p = subprocess.run([sys.executable, "-c", RUN, args], env={**os.environ, FAULT_ENV: stage},
+                           capture_output=True, text=True, timeout=900)
+        assert p.returncode == -9, p.stderr[-2000:]  # SIGKILL in the middle of `stage`
+        state = CycleState.load(next((data_dir / "cycles").glob("cycle-*")) / "state.json")
+        assert state.stages[stage]["status"] == "running"
+    p = subprocess.run([sys.executable, "-c", RUN, args], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cycles = list((data_dir / "cycles").glob("cycle-*"))
+    assert len(cycles) == 1
+    state = CycleState.load(cycles[0] / "state.json")
+    assert state.status == "done" and all(state.stages[s]["attempts"] == 2 for s in STAGES)
+    clean_dir, clean = clean_cycle
+    assert state.outcome == clean.outcome  # same seeds, same log: the crashes changed nothing
+    reg, ref = registry(data_dir).describe(), registry(clean_dir).describe()
+    assert [v["status"] for v in reg["versions"]] == [v["status"] for v in ref["versions"]]
+    cand = state.stages["gate"]["output"]["candidate"]
+    rec = next(v for v in reg["versions"] if v["version"] == cand)
+    statuses = [h["status"] for h in rec["history"]]
+    if state.outcome == "promoted":
+        assert reg["promotions"] == [cand] and statuses.count("promoted") == 1
+    else:
+        assert reg["promotions"] == [] and statuses.count("rejected") == 1
+    view, items = memory_view(data_dir)
+    ref_view, _ = memory_view(clean_dir)
+    assert view == ref_view and max(view.values()) == 1  # no duplicate memory
+    for it in items:
+        prov = [(p.trajectory_id, p.step, p.evidence) for p in it.provenance]
+        assert len(prov) == len(set(prov))
+
+
+def test_bad_candidate_is_rejected_and_nothing_changes(data_dir, tiny_policy):
+    before_view, _ = memory_view(data_dir)
+    state = run_cycle(cfg_for(data_dir, tiny_policy, corrupt_rewards=True), log=lambda m: None)
+    gate = state.stages["gate"]["output"]
+    assert state.stages["experience"]["output"]["corrupted"]
+    assert state.outcome == "rejected", gate["reasons"]
+    reg = registry(data_dir)
+    assert reg.current_version() == "base" and reg.get(gate["candidate"]).status == "rejected"
+    assert state.stages["consolidate"]["output"]["retired"] == 0
+    view, _ = memory_view(data_dir)
+    assert not any(k[3] == "retired" for k in view)
+    assert {k for k in before_view} <= {k for k in view}  # nothing removed or retired
+
+
+def test_cycle_promotes_a_better_adapter(competent, data_dir, tiny_policy):
+    state = run_cycle(cfg_for(data_dir, tiny_policy, rl_steps=8, gate_tasks=16), log=lambda m: None)
     gate = state.stages["gate"]["output"]
     assert state.outcome == "promoted", gate["reasons"]
     cur = gate["gate"]["slices"]["current"]
     assert cur["candidate"] > cur["current"] and cur["p_better"] < 0.05
     reg = registry(data_dir)
     assert reg.current_version() == gate["candidate"]
-    folder = data_dir / "cycles" / state.cycle_id
-    for f in ("report.md", "report.json", "report.png", "state.json"):
-        assert (folder / f).stat().st_size > 0
-    # the next cycle has nothing new to mine: it trains nothing and changes nothing
-    again = run_cycle(cfg_for(data_dir, tiny_policy), log=lambda m: None)
-    assert again.outcome == "nothing-to-learn" and again.stages["mine"]["output"]["trajectories"] == 0
-    assert reg.current_version() == gate["candidate"]
-    # and a promotion can be rolled back
     reg.roll_back(reason="test")
     assert reg.current_version() == "base"
-
-
-def test_bad_candidate_is_rejected_and_nothing_changes(data_dir, tiny_policy):
-    state = run_cycle(cfg_for(data_dir, tiny_policy, corrupt_rewards=True), log=lambda m: None)
-    gate = state.stages["gate"]["output"]
-    assert state.outcome == "rejected", gate["reasons"]
-    reg = registry(data_dir)
-    assert reg.current_version() == "base"
-    assert reg.get(gate["candidate"]).status == "rejected"
-    assert state.stages["consolidate"]["output"]["retired"] == 0
-    assert live_items(data_dir)[1] == []
-
-
-RUN = """
-import json, sys
-from evolve.cycle import CycleConfig, run_cycle
-run_cycle(CycleConfig(**json.loads(sys.argv[1])))
-"""
-
-
-def test_cycle_killed_at_every_stage_finishes_once(data_dir, tiny_policy):
-    cfg = cfg_for(data_dir, tiny_policy)
-    args = json.dumps({k: v for k, v in cfg.__dict__.items()})
-    killed = []
-    for stage in STAGES:
-        p = subprocess.run([sys.executable, "-c", RUN, args], env={**os.environ, FAULT_ENV: stage},
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode == -9, p.stderr[-2000:]  # SIGKILL, mid-stage
-        state = CycleState.load(next((data_dir / "cycles").glob("cycle-*")) / "state.json")
-        assert state.stages[stage]["status"] == "running"
-        killed.append(stage)
-    p = subprocess.run([sys.executable, "-c", RUN, args], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    cycles = list((data_dir / "cycles").glob("cycle-*"))
-    assert len(cycles) == 1
-    state = CycleState.load(cycles[0] / "state.json")
-    assert state.status == "done" and killed == list(STAGES)
-    assert all(state.stages[s]["attempts"] == 2 for s in STAGES)
-    assert state.outcome == "promoted", state.stages["gate"]["output"]["reasons"]
-    reg = registry(data_dir).describe()
-    assert reg["promotions"] == [state.stages["gate"]["output"]["candidate"]]
-    rec = next(v for v in reg["versions"] if v["version"] == reg["current"])
-    assert [h["status"] for h in rec["history"]].count("promoted") == 1
-    live, retired = live_items(data_dir)
-    keys = Counter((it.tenant, it.kind, it.text) for it in live + retired)
-    assert keys and max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
-    for it in live + retired:
-        prov = [(p.trajectory_id, p.step, p.evidence) for p in it.provenance]
-        assert len(prov) == len(set(prov))
-    assert len(retired) == state.stages["consolidate"]["output"]["retired"]
