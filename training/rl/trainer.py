@@ -100,11 +100,15 @@ class RLConfig:
 
 @dataclass
 class TaskPool:
-    """Tasks the run draws from (ids → Task), the replay subset and a held-out set."""
+    """Tasks the run draws from (ids → Task), the replay subset and held-out sets.
+
+    `heldout`: a list (logged as `heldout_success`) or named lists (`heldout_<name>`; the first
+    one is also `heldout_success`), each scored greedily every `eval_every` steps.
+    """
 
     tasks: dict[str, Any] = field(default_factory=dict)
     replay: set[str] = field(default_factory=set)
-    heldout: list[Any] = field(default_factory=list)
+    heldout: list[Any] | dict[str, list[Any]] = field(default_factory=list)
 
 
 def default_pool(cfg: RLConfig) -> TaskPool:
@@ -240,7 +244,11 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             if pool.heldout and (step % cfg.eval_every == 0 or step == cfg.steps):
                 eval_engine = eval_engine or factory.make_engine(seed=cfg.seed)
                 eval_engine.load_adapter(str(adapter_path), f"v{version}")
-                row["heldout_success"] = evaluate(eval_engine, factory, pool.heldout, seed=cfg.seed)
+                sets = pool.heldout if isinstance(pool.heldout, dict) else {"success": pool.heldout}
+                for i, (name, tasks) in enumerate(sets.items()):
+                    row[f"heldout_{name}"] = evaluate(eval_engine, factory, tasks, seed=cfg.seed)
+                    if i == 0:
+                        row["heldout_success"] = row[f"heldout_{name}"]
             diag.log(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,

@@ -1,0 +1,156 @@
+"""Async vs synchronous RL under simulated tool latency: wall-clock to the same number of learner steps.
+
+The same RL run (same policy, tasks, seed, workers, batch) with staleness bound η = 0 (synchronous:
+rollouts wait for the learner and the learner for the slowest rollout) and η = 2, 4, 8 (rollout
+workers keep sampling with the previous adapter while the learner trains), side by side in one
+process. Tool calls take e^N(mu, sigma) seconds (lognormal, seeded). Reported: wall-clock per run,
+speedup ratio vs η=0, final training reward (last third of steps) and held-out greedy success of the
+final adapter, each run's gap to η=0 in points. Target: >= 2.5x at equal final reward +-2 points.
+
+    .venv/bin/python benchmarks/bench_async_rl.py --out bench-out/bench_async_rl.json [--quick] [--model DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+from tqdm import tqdm
+
+TARGET_SPEEDUP = 2.5
+TARGET_GAP_PTS = 2.0
+
+
+def policy_dir(model: str | None, cache: Path, seed: int) -> str:
+    """The policy to train: `--model`, else a cached cold start of the tiny preset (built once)."""
+    if model:
+        return model
+    from training.coldstart import ensure_coldstart
+
+    return str(ensure_coldstart(cache / "coldstart-tiny", "tiny", seed, progress=False))
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from training.rl.runner import EpisodeRunnerFactory, evaluate
+    from training.rl.trainer import RLConfig, default_pool, read_metrics, train_rl
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_async_rl_"))
+    model = policy_dir(args.model, Path(args.cache), args.seed)
+    etas = [int(x) for x in args.etas.split(",")]
+    base = RLConfig(model=model, steps=args.steps, groups_per_step=args.workers, group_size=args.group_size,
+                    n_tasks=args.tasks, n_workers=args.workers, max_turns=args.max_turns,
+                    max_new_tokens=args.max_new_tokens, explore_eps=args.explore_eps, lr=args.lr,
+                    tool_latency_mu=args.mu, tool_latency_sigma=args.sigma, seed=args.seed,
+                    max_groups_per_step=2 * args.workers, checkpoint_every=10**6, progress=False, resume=False,
+                    track_kl=False)
+    pool = default_pool(base)
+    from dynamic_bench import generate_tasks
+    from dynamic_bench.env import ENV_IDS
+
+    heldout = generate_tasks(ENV_IDS[base.env_id], args.heldout, seed=args.seed + 2, split="test",
+                             rule_version=base.rule_version)
+    result: dict = {"model": model, "steps": args.steps, "workers": args.workers, "group_size": args.group_size,
+                    "tool_latency_mu": args.mu, "tool_latency_sigma": args.sigma, "etas": args.etas,
+                    "cpu_count": os.cpu_count(), "quick": bool(args.quick)}
+    curves = {}
+    factory = EpisodeRunnerFactory.from_config(base)
+    engine = factory.make_engine(seed=args.seed)
+    for eta in tqdm(etas, desc="eta runs"):
+        out = work / f"eta{eta}"
+        cfg = RLConfig(**{**base.__dict__, "out_dir": str(out), "eta": eta, "queue_size": max(eta, 1) * 2})
+        t0 = time.perf_counter()
+        adapter = train_rl(cfg, pool=pool)
+        wall = time.perf_counter() - t0
+        rows = read_metrics(out)
+        curves[eta] = [(r["wall_s"], r["reward_mean"]) for r in rows]
+        tail = rows[-max(1, len(rows) // 3):]
+        engine.load_adapter(str(adapter), f"eta{eta}")
+        result[f"wall_s_eta{eta}"] = wall
+        result[f"learner_wall_s_eta{eta}"] = rows[-1]["wall_s"]
+        result[f"final_train_reward_eta{eta}"] = mean(r["reward_mean"] for r in tail)
+        result[f"heldout_success_eta{eta}"] = evaluate(engine, factory, heldout, seed=args.seed)
+        result[f"stale_rejected_eta{eta}"] = sum(r["stale_rejected"] for r in rows)
+        result[f"staleness_mean_eta{eta}"] = mean(r["staleness_mean"] for r in rows)
+        result[f"wait_s_eta{eta}"] = sum(r["wait_s"] for r in rows)
+        result[f"train_s_eta{eta}"] = sum(r["train_s"] for r in rows)
+    sync = result["learner_wall_s_eta0"] if 0 in etas else None
+    best = 0.0
+    for eta in etas:
+        if sync and eta:
+            sp = sync / result[f"learner_wall_s_eta{eta}"]
+            gap = 100 * abs(result[f"heldout_success_eta{eta}"] - result["heldout_success_eta0"])
+            result[f"speedup_eta{eta}"] = sp
+            result[f"heldout_gap_pts_eta{eta}"] = gap
+            result[f"train_reward_gap_pts_eta{eta}"] = 100 * abs(result[f"final_train_reward_eta{eta}"]
+                                                                 - result["final_train_reward_eta0"])
+            if gap <= TARGET_GAP_PTS:
+                best = max(best, sp)
+    result["best_speedup_at_equal_reward"] = best
+    result["target_speedup"] = TARGET_SPEEDUP
+    result["meets_target"] = best >= TARGET_SPEEDUP
+    result["plot"] = str(plot(curves, Path(args.out).with_suffix(".png")))
+    return result
+
+
+def plot(curves: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for eta, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"η={eta}" + (" (sync)" if eta == 0 else ""))
+    ax.set_xlabel("wall-clock (s)")
+    ax.set_ylabel("training reward (group mean)")
+    ax.set_title("RL under simulated tool latency")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="about a minute: few steps, two workers")
+    ap.add_argument("--model", default=os.environ.get("EVOLVE_POLICY"), help="policy folder (default: tiny cold start)")
+    ap.add_argument("--cache", default="runs/bench", help="where the default cold start is built once")
+    ap.add_argument("--work", default=None, help="run folders (default: a temp dir)")
+    ap.add_argument("--etas", default="0,2,4,8")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--heldout", type=int, default=24)
+    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--explore-eps", type=float, default=0.2)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--mu", type=float, default=-0.5, help="log-mean of tool latency (s)")
+    ap.add_argument("--sigma", type=float, default=1.5, help="log-sd of tool latency")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.workers, args.tasks, args.heldout = 4, 2, 6, 4
+        args.etas, args.max_turns, args.max_new_tokens = "0,2", 3, 16
+    res = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    for k in sorted(res):
+        if k.startswith(("speedup", "heldout", "final", "learner_wall", "best", "meets")):
+            print(f"{k}: {res[k]}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
