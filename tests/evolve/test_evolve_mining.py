@@ -1,0 +1,85 @@
+"""Mining: what users said and did becomes deduplicated memory items with provenance, and
+experience data (SFT examples, corrections, preference pairs, a task pool by learning value)."""
+from __future__ import annotations
+
+from collections import Counter
+
+from dynamic_bench import make_stream
+from dynamic_bench.schema import Feedback, Step, Trajectory
+from evolve.mining import experience, mine_items, rule_contexts, rule_statements, task_pool
+
+
+def _task(i: int):
+    s = make_stream("silent", "retail", 40, seed=3)
+    return [e.task for e in s.episodes if e.task.params["shown_rules"] != e.task.params["rules"]][i]
+
+
+def _traj(task, steps, feedback, outcome, tenant="acme") -> Trajectory:
+    t = Trajectory(task_id=task.id, tenant=tenant, outcome=outcome, reward=float(outcome == "success"),
+                   steps=[Step(index=i, prompt_token_ids=[1, 2, i], completion_token_ids=[5, i], action_text=a,
+                               observation=o) for i, (a, o) in enumerate(steps)],
+                   metadata={"world": {"world": "driftbench/retail-v1", "task_json": task.model_dump_json()}})
+    t.feedback = [Feedback(trajectory_id=t.id, step=s, kind=k, payload=p) for s, k, p in feedback]
+    return t
+
+
+SAID = "no. refund window is now 14 days; refunds over 150 must now be escalated"
+
+
+def log():
+    a, b, c = _task(0), _task(1), _task(2)
+    return [
+        _traj(a, [('get_order {"order_id":"O-1"}', "order O-1 ..."), ('refund {"order_id":"O-1"}', "user: no")],
+              [(1, "respond", {"proposed": 'refund {"order_id":"O-1"}', "text": SAID})], "failure"),
+        _traj(b, [('refund {"order_id":"O-2"}', "user edited it"), ('frobnicate {}', "error: unknown tool 'frobnicate'")],
+              [(0, "respond", {"proposed": 'refund {"order_id":"O-2"}', "text": SAID}),
+               (0, "edit", {"proposed": 'refund {"order_id":"O-2"}', "action": 'escalate {"order_id":"O-2"}'})],
+              "failure"),
+        _traj(c, [('get_order {"order_id":"O-3"}', "order ..."), ('exchange {"order_id":"O-3"}', "approved; done"),
+                  ('reply {"text":"exchanged"}', "reply sent")],
+              [(1, "approve", {"proposed": 'exchange {"order_id":"O-3"}'})], "success"),
+    ]
+
+
+def test_rule_statements_split_a_users_reason():
+    assert rule_statements(SAID) == ["refund window is now 14 days", "refunds over 150 must now be escalated"]
+
+
+def test_items_have_provenance_and_support_and_are_deduplicated():
+    specs = mine_items(log(), "cycle-x")
+    texts = Counter(s["text"] for s in specs)
+    assert max(texts.values()) == 1
+    rule = next(s for s in specs if s["text"] == "Rule: refund window is now 14 days.")
+    assert rule["payload"]["support"] == 2 and rule["cycle"] == "cycle-x" and rule["trajectory_id"]
+    kinds = Counter(s["kind"] for s in specs)
+    assert kinds["tool_knowledge"] == 1 and kinds["strategy"] == 1 and kinds["task_experience"] >= 3
+    assert any("replace escalate" in s["text"] for s in specs)  # the edit: refund → escalate
+
+
+def test_mining_the_same_window_twice_adds_no_item(tmp_path):
+    from memory import MemoryService
+
+    mem = MemoryService(tmp_path / "memory")
+    try:
+        specs = mine_items(log(), "cycle-x")
+        first = {it.id for it in mem.add_many(specs)}
+        again = {it.id for it in mem.add_many(mine_items(log(), "cycle-x"))}
+        assert again == first and len(mem.items("acme")) == len(first)
+        for it in mem.items("acme"):
+            assert it.provenance and all(p.trajectory_id for p in it.provenance)
+            prov = [(p.trajectory_id, p.step, p.evidence) for p in it.provenance]
+            assert len(prov) == len(set(prov))
+    finally:
+        mem.close()
+
+
+def test_experience_data_and_task_pool():
+    trajs = log()
+    exp = experience(trajs)
+    assert [r["action_text"] for r in exp["corrections"]] == ['escalate {"order_id":"O-2"}']
+    assert exp["pairs"][0]["chosen_text"] == 'escalate {"order_id":"O-2"}'
+    assert {r["trajectory_id"] for r in exp["sft"]} == {trajs[2].id}  # only the approved success
+    pool = task_pool(trajs, max_tasks=10, seed=0)
+    assert len(pool) == 3 and pool[0]["learning_value"] >= pool[-1]["learning_value"]
+    ctx = rule_contexts(trajs)
+    assert ctx and ctx[-1]["rules"] != ctx[-1]["shown_rules"]  # the silent context is recorded as such
