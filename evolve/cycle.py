@@ -159,6 +159,7 @@ def run_cycle(cfg: CycleConfig, stage_fns: dict[str, Callable[[CycleContext], di
             state.save(d / "state.json")
             log(f"[{state.cycle_id}] {name} …")
             out = fns[name](ctx)
+            ctx.fault_point(name)  # a crash after the work, before it is recorded (stages also have inner points)
             rec.update(status="done", finished_at=time.time(), output=out)
             if name == "gate":
                 state.outcome = out.get("outcome", state.outcome)
