@@ -52,7 +52,8 @@ def make_assistants(specs: tuple[dict, ...]) -> dict[str, dict[str, Any]]:
             raise ValueError(f"assistant {s['name']!r}: unknown scaffold {s['scaffold']!r}")
         aid = str(uuid.uuid5(_NS, s["name"]))
         out[aid] = {"assistant_id": aid, "graph_id": "agent", "name": s["name"],
-                    "description": s.get("description"), "config": {"configurable": {"scaffold": s["scaffold"]}},
+                    "description": s.get("description"),
+                    "config": {"configurable": {"scaffold": s["scaffold"], "approval": s.get("approval", "writes")}},
                     "context": {}, "metadata": {"created_by": "system"}, "version": 1,
                     "created_at": _STARTED, "updated_at": _STARTED}
     return out
@@ -217,11 +218,12 @@ def threads_history(thread_id: str, body: HistoryRequest, request: Request,
 
 
 # -- runs -------------------------------------------------------------------------------------
-def configurable_for(rt, run: dict[str, Any]) -> dict[str, Any]:
+def configurable_for(rt, run: dict[str, Any], thread_metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assistant config < thread metadata (world keys) < the run's own configurable."""
     a = find_assistant(rt, run["assistant_id"])
-    t = rt.db.get_thread(run.get("tenant") or "", run["thread_id"]) or {"metadata": {}}
-    md = {k: t["metadata"][k] for k in WORLD_KEYS if k in t["metadata"]}
+    if thread_metadata is None:
+        thread_metadata = (rt.db.get_thread(run.get("tenant") or "", run["thread_id"]) or {"metadata": {}})["metadata"]
+    md = {k: thread_metadata[k] for k in WORLD_KEYS if k in thread_metadata}
     return {**a["config"]["configurable"], **md, **(run["kwargs"].get("configurable") or {})}
 
 
@@ -230,6 +232,8 @@ def _validate_configurable(c: dict[str, Any]) -> None:
         WorldSpec.from_config(c)
     except WorldConfigError as e:
         raise HTTPException(422, f"invalid world settings: {e}") from None
+    if c.get("approval", "writes") not in ("writes", "all"):
+        raise HTTPException(422, f"config.configurable.approval must be 'writes' or 'all', got {c.get('approval')!r}")
     if c.get("scaffold") not in SCAFFOLDS:
         raise HTTPException(422, f"unknown scaffold {c.get('scaffold')!r}; scaffolds: {list(SCAFFOLDS)}")
     for k in ("seed", "max_turns"):
@@ -241,43 +245,46 @@ def _validate_configurable(c: dict[str, Any]) -> None:
         raise HTTPException(422, "config.configurable.temperature must be a number in [0, 5]")
 
 
-def _create_run(rt, p: Principal, thread_id: str | None, body: RunCreate):
+def _create_run(rt, p: Principal, thread_id: str | None, body: RunCreate, stream: bool = True):
     """Validate everything first, then write: a rejected request leaves no trace."""
     a = find_assistant(rt, body.assistant_id)
-    if thread_id is None:  # a stateless run gets a thread of its own
-        thread_id = str(uuid.uuid4())
-        t = rt.db.create_thread(p.tenant, thread_id, {"stateless": True})
+    new_thread = thread_id is None  # a stateless run gets a thread of its own
+    if new_thread:
+        thread_id, metadata = str(uuid.uuid4()), {"stateless": True}
     else:
         t = rt.db.get_thread(p.tenant, thread_id)
-        if t is None and body.if_not_exists == "create":
-            if rt.db.thread_owner(thread_id) is not None:
+        if t is None:
+            if body.if_not_exists != "create" or rt.db.thread_owner(thread_id) is not None:
                 raise HTTPException(404, f"unknown thread {thread_id!r}")
             try:
-                uuid.UUID(thread_id)
+                thread_id = str(uuid.UUID(thread_id))
             except ValueError:
                 raise HTTPException(422, "thread_id must be a UUID") from None
-            t = rt.db.create_thread(p.tenant, thread_id, {})
-        if t is None:
-            raise HTTPException(404, f"unknown thread {thread_id!r}")
+            new_thread, metadata = True, {}
+        else:
+            metadata = t["metadata"]
     kwargs = {"input": body.graph_input(), "command": body.command.model_dump() if body.command else None,
               "configurable": dict(body.config.configurable) if body.config else {},
               "recursion_limit": body.config.recursion_limit if body.config else None,
               "stream_mode": body.modes(), "on_disconnect": body.on_disconnect}
-    probe = {"assistant_id": a["assistant_id"], "thread_id": thread_id, "kwargs": kwargs, "tenant": p.tenant}
-    configurable = configurable_for(rt, probe)
+    probe = {"assistant_id": a["assistant_id"], "thread_id": thread_id, "kwargs": kwargs}
+    configurable = configurable_for(rt, probe, metadata)
     _validate_configurable(configurable)
-    snap = rt.graph.get_state(_config(thread_id))
-    if body.command is not None and not snap.interrupts:
+    snap = None if new_thread else rt.graph.get_state(_config(thread_id))
+    waiting = bool(snap and snap.interrupts)
+    if body.command is not None and not waiting:
         raise HTTPException(409, "nothing to resume: the thread is not waiting on an interrupt")
-    if body.command is None and snap.interrupts:
+    if body.command is None and waiting:
         raise HTTPException(409, "the thread is waiting for approval: resume it with command={'resume': ...}")
+    if new_thread and rt.db.create_thread(p.tenant, thread_id, metadata) is None:
+        raise HTTPException(409, f"thread {thread_id!r} already exists")
     run_id = str(uuid.uuid4())
     run = rt.db.create_run(p.tenant, run_id, thread_id, a["assistant_id"], body.metadata, kwargs,
                            body.multitask_strategy)
     if run is None:
         raise HTTPException(409, f"thread {thread_id!r} already has a run in progress")
     config = RunManager.graph_config(thread_id, run, p.tenant, configurable)
-    handle = rt.runs.start(run, p.tenant, run_input(kwargs), config, body.modes())
+    handle = rt.runs.start(run, p.tenant, run_input(kwargs), config, body.modes() if stream else [])
     return run, handle, config
 
 
@@ -336,14 +343,14 @@ def runs_create_stateless(body: RunCreate, request: Request, response: Response,
 @router.post("/threads/{thread_id}/runs/wait", tags=["runs"])
 async def runs_wait(thread_id: str, body: RunCreate, request: Request, p: Principal = Auth) -> dict[str, Any]:
     rt = rt_of(request)
-    run, handle, config = await run_in_threadpool(_create_run, rt, p, thread_id, body)
+    run, handle, config = await run_in_threadpool(_create_run, rt, p, thread_id, body, False)
     return await _wait_output(rt, handle, config)
 
 
 @router.post("/runs/wait", tags=["runs"])
 async def runs_wait_stateless(body: RunCreate, request: Request, p: Principal = Auth) -> dict[str, Any]:
     rt = rt_of(request)
-    run, handle, config = await run_in_threadpool(_create_run, rt, p, None, body)
+    run, handle, config = await run_in_threadpool(_create_run, rt, p, None, body, False)
     return await _wait_output(rt, handle, config)
 
 

@@ -18,7 +18,7 @@ MAX_TEXT = 20_000
 ROLES = {"user": "human", "human": "human", "system": "system", "assistant": "ai", "ai": "ai"}
 # configurable keys a client may set; the server sets thread_id, tenant, run_id, assistant_id
 CLIENT_CONFIG_KEYS = {"world", "task", "task_seed", "rule_version", "split", "persona", "max_steps",
-                      "scaffold", "seed", "temperature", "max_turns"}
+                      "scaffold", "seed", "temperature", "max_turns", "approval"}
 
 
 class _Body(BaseModel):

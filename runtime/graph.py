@@ -37,6 +37,16 @@ log = logging.getLogger("evolve.runtime")
 RESPONSE_TYPES = ("accept", "edit", "response", "ignore", "takeover")
 
 
+def needs_approval(kind: str, is_write: bool, mode: str) -> bool:
+    """Does a proposal wait for the human? `writes`: writes only (the default); `all`: every
+    proposal, even an unparsable one (supervised mode: the human's edits become corrections)."""
+    if mode == "all":
+        return True
+    if mode == "writes":
+        return kind == "tool" and is_write
+    raise ValueError(f"approval mode must be 'writes' or 'all', got {mode!r}")
+
+
 class AgentState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]  # what clients see (LangChain messages)
     seen: int                      # messages already taken in as user turns
@@ -65,6 +75,7 @@ class AgentConfig:
     recall_k: int = 3
     short_term_keep: int = 5
     default_scaffold: str = "direct"
+    approval: str = "writes"       # writes | all (see needs_approval)
 
 
 @dataclass
@@ -175,39 +186,52 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
         step = Step(index=idx, prompt_token_ids=out.prompt_ids, completion_token_ids=out.completion_ids,
                     behaviour_logprobs=out.logprobs, policy_version=out.policy_version,
                     action_text=out.action_text, action=action_dict(parsed), latency_s=latency)
-        upd: dict[str, Any] = {"turns": turns + 1, "tokens": tokens + len(out.completion_ids)}
+        upd: dict[str, Any] = {"turns": turns + 1, "tokens": tokens + len(out.completion_ids),
+                               "steps": steps + [step.model_dump()],
+                               "history": list(state.get("history", [])) + [
+                                   {"role": "assistant", "text": out.completion_text}]}
         if out.plan is not None:
             upd["working_memory"] = {**wm, "plan": out.plan}
-        history = list(state.get("history", [])) + [{"role": "assistant", "text": out.completion_text}]
-        if isinstance(parsed, ActionError):  # malformed output is an observation, not a crash
-            step.observation = parsed.message
-            steps.append(step.model_dump())
-            history.append({"role": "obs", "text": parsed.message})
-            upd.update(steps=steps, history=history, messages=[
-                AIMessage(content=out.action_text, additional_kwargs={"step": idx, "invalid": True}),
-                HumanMessage(content=parsed.message, name="observation")])
-            return Command(goto="act", update=upd)
-        steps.append(step.model_dump())
-        upd.update(steps=steps, history=history)
-        if isinstance(parsed, Reply):
-            upd["pending"] = {"kind": "reply", "text": format_action(parsed), "reply": parsed.text, "by": "agent",
-                              "step": idx}
-            return Command(goto="reply", update=upd)
-        is_write = (user_specs[parsed.name].is_write if parsed.name in user_specs
-                    else world.is_write(format_action(parsed)))
-        upd["pending"] = {"kind": "tool", "text": format_action(parsed), "name": parsed.name, "args": parsed.args,
-                          "is_write": is_write, "by": "agent", "step": idx, "call_id": f"call-{idx}"}
-        upd["messages"] = [AIMessage(content="", additional_kwargs={"step": idx}, tool_calls=[
-            {"name": parsed.name, "args": parsed.args, "id": f"call-{idx}"}])]
-        return Command(goto="approval" if is_write else "tool", update=upd)
+        mode = c.get("approval") or deps.cfg.approval
+        if isinstance(parsed, ActionError):
+            pending = {"kind": "invalid", "text": out.action_text, "name": "invalid_action",
+                       "args": {"text": out.action_text[:500]}, "error": parsed.message, "is_write": False}
+            upd["messages"] = [AIMessage(content=out.action_text, additional_kwargs={"step": idx, "invalid": True})]
+        elif isinstance(parsed, Reply):
+            pending = {"kind": "reply", "text": format_action(parsed), "reply": parsed.text, "name": "reply",
+                       "args": {"text": parsed.text}, "is_write": False}
+        else:
+            is_write = (user_specs[parsed.name].is_write if parsed.name in user_specs
+                        else world.is_write(format_action(parsed)))
+            pending = {"kind": "tool", "text": format_action(parsed), "name": parsed.name, "args": parsed.args,
+                       "is_write": is_write, "call_id": f"call-{idx}"}
+            upd["messages"] = [AIMessage(content="", additional_kwargs={"step": idx}, tool_calls=[
+                {"name": parsed.name, "args": parsed.args, "id": f"call-{idx}"}])]
+        upd["pending"] = {**pending, "by": "agent", "step": idx}
+        if needs_approval(pending["kind"], pending["is_write"], mode):
+            return Command(goto="approval", update=upd)
+        if pending["kind"] == "invalid":  # malformed output is an observation, not a crash
+            seen = _observed({**state, **upd}, pending["error"])
+            return Command(goto="act", update={**upd, **seen, "messages": upd["messages"] + seen["messages"]})
+        return Command(goto="reply" if pending["kind"] == "reply" else "tool", update=upd)
+
+    def _observed(state: dict[str, Any], obs: str) -> dict[str, Any]:
+        """Feed `obs` back to the agent for the pending step (the world is unchanged); clear pending."""
+        p = state["pending"]
+        msg = (ToolMessage(content=obs, tool_call_id=p["call_id"]) if p.get("call_id")
+               else HumanMessage(content=obs, name="observation"))
+        return {"pending": None, "steps": _set_obs(state, p["step"], obs), "messages": [msg],
+                "history": list(state.get("history", [])) + [{"role": "obs", "text": obs}]}
 
     # -- approval -------------------------------------------------------------------------
-    def approval(state: AgentState, config: RunnableConfig) -> Command[Literal["tool", "act", "approval"]]:
+    def approval(state: AgentState, config: RunnableConfig) -> Command[Literal["tool", "reply", "act", "approval"]]:
         p = dict(state["pending"])
+        what = {"tool": "a write action" if p["is_write"] else "an action", "reply": "a reply",
+                "invalid": "an unparsable action"}[p["kind"]]
         request = {"action_request": {"action": p["name"], "args": p["args"]},
                    "config": {"allow_accept": True, "allow_edit": True, "allow_respond": True,
                               "allow_ignore": True},
-                   "description": f"The agent proposes a write action: {p['text']}",
+                   "description": f"The agent proposes {what}: {p['text']}",
                    "trajectory_id": state["trajectory_id"], "step": p["step"],
                    "error": p.pop("approval_error", None)}
         answer = interrupt(request)
@@ -221,31 +245,33 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
                                  f"{{'type': one of {RESPONSE_TYPES}, 'args': ...}}")
         fb = Feedback(trajectory_id=state["trajectory_id"], step=p["step"], kind=fb_kind, source="user",
                       payload={"proposed": p["text"]})
-        history = list(state.get("history", []))
-        if kind in ("response", "ignore"):
-            text = str(args) if kind == "response" and args is not None else ""
-            obs = f"user: {text}" if kind == "response" else "user rejected it; nothing changed"
+        feedback = list(state.get("feedback", [])) + [fb.model_dump()]
+        if kind in ("response", "ignore") or (kind == "accept" and p["kind"] == "invalid"):
             if kind == "response":
-                fb.payload["text"] = text
-            history.append({"role": "obs", "text": obs})
-            steps = _set_obs(state, p["step"], obs)
-            return Command(goto="act", update={
-                "pending": None, "history": history, "steps": steps,
-                "feedback": list(state.get("feedback", [])) + [fb.model_dump()],
-                "messages": [ToolMessage(content=obs, tool_call_id=p["call_id"])]})
+                fb.payload["text"] = "" if args is None else str(args)
+                feedback[-1] = fb.model_dump()
+                obs = f"user: {fb.payload['text']}"
+            else:
+                obs = p["error"] if kind == "accept" else "user rejected it; nothing changed"
+            return Command(goto="act", update={**_observed(state, obs), "feedback": feedback})
         if kind in ("edit", "takeover"):
             if not isinstance(args, dict) or not isinstance(args.get("action"), str) \
                     or not isinstance(args.get("args", {}), dict):
-                return _ask_again(p, f"{kind} needs args {{'action': tool name, 'args': {{...}}}}")
-            call = ToolCall(args["action"], dict(args.get("args") or {}))
-            text = format_action(call)
-            fb.payload["action"] = text
-            p.update(text=text, name=call.name, args=call.args,
-                     by="user_edit" if kind == "edit" else "user_takeover")
+                return _ask_again(p, f"{kind} needs args {{'action': tool name or 'reply', 'args': {{...}}}}")
+            act_ = parse_action(format_action(ToolCall(args["action"], dict(args.get("args") or {}))))
+            if isinstance(act_, ActionError):
+                return _ask_again(p, f"{kind}: {act_.message}")
+            by = "user_edit" if kind == "edit" else "user_takeover"
+            fb.payload["action"] = format_action(act_)
+            feedback[-1] = fb.model_dump()
+            if isinstance(act_, Reply):
+                p.update(kind="reply", text=format_action(act_), reply=act_.text, by=by)
+                return Command(goto="reply", update={"pending": p, "feedback": feedback})
+            p.update(kind="tool", text=format_action(act_), name=act_.name, args=act_.args, by=by)
         else:
             p["by"] = "approved"
-        return Command(goto="tool", update={"pending": p,
-                                            "feedback": list(state.get("feedback", [])) + [fb.model_dump()]})
+        return Command(goto="reply" if p["kind"] == "reply" else "tool",
+                       update={"pending": p, "feedback": feedback})
 
     def _ask_again(p: dict, error: str) -> Command:
         return Command(goto="approval", update={"pending": {**p, "approval_error": error}})
@@ -283,10 +309,7 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
         p = state["pending"]
         prefix = {"approved": "approved; ", "user_edit": f"user edited it to {p['text']}; ",
                   "user_takeover": f"user took over and did {p['text']}; "}.get(p["by"], "")
-        obs = prefix + p["observation"]
-        history = list(state.get("history", [])) + [{"role": "obs", "text": obs}]
-        upd: dict[str, Any] = {"pending": None, "history": history, "steps": _set_obs(state, p["step"], obs),
-                               "messages": [ToolMessage(content=obs, tool_call_id=p["call_id"])]}
+        upd: dict[str, Any] = _observed(state, prefix + p["observation"])
         if p.get("world_over"):  # the world ended the episode (its step limit)
             upd["episode"] = {**state["episode"], "ended_by": "world"}
             return Command(goto="remember", update=upd)
@@ -305,10 +328,12 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
             applied.append(action)
         if p["by"] == "budget":
             ep["aborted"] = True
-        obs = "reply sent"
+        history = list(state.get("history", []))
+        if p["by"] != "agent" and p["by"] != "approved":  # not the agent's own words: note what was sent
+            history.append({"role": "obs", "text": f"user sent the reply instead: {text}"})
+        obs = "reply sent" if p["by"] in ("agent", "approved", "budget") else f"user sent the reply instead: {text}"
         return {"pending": None, "episode": ep, "applied": applied, "steps": _set_obs(state, p.get("step"), obs),
-                "history": list(state.get("history", [])) + [{"role": "assistant", "text": action}],
-                "messages": [AIMessage(content=text, additional_kwargs={"step": p.get("step")})]}
+                "history": history, "messages": [AIMessage(content=text, additional_kwargs={"step": p.get("step")})]}
 
     # -- remember -------------------------------------------------------------------------
     def remember(state: AgentState, config: RunnableConfig) -> dict[str, Any]:

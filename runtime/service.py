@@ -31,7 +31,9 @@ from runtime.metrics import Metrics
 log = logging.getLogger("evolve.runtime")
 OPEN_PATHS = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/info"}
 ASSISTANTS = ({"name": "agent", "scaffold": "direct", "description": "DriftBench agent, direct act"},
-              {"name": "agent-plan", "scaffold": "plan_act", "description": "DriftBench agent, plan then act"})
+              {"name": "agent-plan", "scaffold": "plan_act", "description": "DriftBench agent, plan then act"},
+              {"name": "agent-supervised", "scaffold": "direct", "approval": "all",
+               "description": "every proposal waits for the human (corrections become training data)"})
 
 
 @dataclass

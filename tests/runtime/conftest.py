@@ -58,7 +58,7 @@ class ServerProc:
         self.log = open(self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log", "w")
         self.proc = subprocess.Popen(
             [EVOLVE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), "--engine", self.engine,
-             "--max-turns", "6", "--max-new-tokens", "48", *self.extra],
+             "--max-turns", "6", "--max-new-tokens", "24", *self.extra],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

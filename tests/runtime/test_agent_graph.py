@@ -49,7 +49,7 @@ def _graph(runner, checkpointer, memory=None, worlds=None, **cfg):
     from runtime.graph import AgentConfig, AgentDeps, build_graph
 
     deps = AgentDeps(runner=runner, tokenizer=runner.engine.tokenizer, memory=memory, worlds=worlds or WorldCache(),
-                     tools=[lookup_policy], cfg=AgentConfig(max_new_tokens=32, max_turns=6, **cfg))
+                     tools=[lookup_policy], cfg=AgentConfig(**{"max_new_tokens": 24, "max_turns": 6, **cfg}))
     return deps, build_graph(deps, checkpointer=checkpointer)
 
 
@@ -57,13 +57,22 @@ def _config(tid, **c):
     return {"configurable": {"thread_id": tid, "tenant": "t1", "world": "driftbench/retail-v1", **c}}
 
 
-def _paused(graph, seeds, prefix):
-    for seed in seeds:
-        cfg = _config(f"{prefix}-{seed}", task_seed=seed, temperature=0)
-        graph.invoke({"messages": []}, cfg)
-        if graph.get_state(cfg).interrupts:
-            return cfg
-    pytest.fail(f"no write proposed on tasks {list(seeds)}")
+def _paused(graph, name, seed=0):
+    """A thread waiting for approval (supervised mode: every proposal waits for the human)."""
+    cfg = _config(name, task_seed=seed, approval="all")
+    graph.invoke({"messages": []}, cfg)
+    assert graph.get_state(cfg).interrupts
+    return cfg
+
+
+def test_approval_modes():
+    from runtime.graph import needs_approval
+
+    assert needs_approval("tool", True, "writes") and not needs_approval("tool", False, "writes")
+    assert not needs_approval("reply", False, "writes") and not needs_approval("invalid", False, "writes")
+    assert all(needs_approval(k, w, "all") for k in ("tool", "reply", "invalid") for w in (True, False))
+    with pytest.raises(ValueError):
+        needs_approval("tool", True, "sometimes")
 
 
 def test_world_spec_validation():
@@ -103,30 +112,27 @@ def test_fresh_process_rebuilds_world_by_replay_and_user_tool_runs(engine_runner
 
     conn = sqlite3.connect(tmp_path / "cp.sqlite", check_same_thread=False)
     _, graph = _graph(engine_runner, SqliteSaver(conn))
-    cfg = _paused(graph, range(0, 10), "replay")
-    graph.invoke(Command(resume={"type": "accept", "args": None}), cfg)
+    cfg = _paused(graph, "replay")
+    order = graph.get_state(cfg).values["episode"]["instruction"].split("order ")[1].split(",")[0].split(" ")[0]
+    graph.invoke(Command(resume={"type": "edit", "args": {"action": "get_order", "args": {"order_id": order}}}), cfg)
+    graph.invoke(Command(resume={"type": "takeover", "args": {"action": "refund", "args": {"order_id": order}}}), cfg)
     before = graph.get_state(cfg).values
-    assert before["applied"], "an accepted write is applied to the world"
+    assert len(before["applied"]) == 2, "the edited read and the taken-over write are applied to the world"
 
     worlds = WorldCache()  # as if the server had restarted: no live env for this thread
     deps2, graph2 = _graph(engine_runner, SqliteSaver(conn), worlds=worlds)
-    state = graph2.get_state(cfg)
-    if state.interrupts:  # take the next step over with the user's own LangChain tool
-        graph2.invoke(Command(resume={"type": "takeover", "args": {"action": "lookup_policy",
-                                                                   "args": {"topic": "refunds"}}}), cfg)
-        values = graph2.get_state(cfg).values
-        obs = [m.content for m in values["messages"] if m.type == "tool"]
-        assert any(o.startswith('user took over and did lookup_policy {"topic":"refunds"}; policy on refunds')
-                   for o in obs), obs
-        assert values["feedback"][-1]["kind"] == "takeover"
-    else:
-        graph2.invoke({"messages": [{"role": "user", "content": "and now?"}]}, cfg)
-        values = graph2.get_state(cfg).values
-    assert worlds.rebuilds >= 1
+    assert graph2.get_state(cfg).interrupts
+    # take the next step over with the user's own LangChain tool (the world is rebuilt by replay)
+    graph2.invoke(Command(resume={"type": "takeover", "args": {"action": "lookup_policy",
+                                                               "args": {"topic": "refunds"}}}), cfg)
+    values = graph2.get_state(cfg).values
+    assert values["history"][-2]["text"].startswith(
+        'user took over and did lookup_policy {"topic":"refunds"}; policy on refunds')
+    assert values["feedback"][-1]["kind"] == "takeover"
+    assert worlds.rebuilds == 1
     world = worlds.get(cfg["configurable"]["thread_id"], WorldSpec(**values["episode"]["world"]),
                        list(values["applied"]))
-    assert world.applied == values["applied"][: len(world.applied)]
-    assert values["applied"][: len(before["applied"])] == before["applied"]
+    assert world.applied == values["applied"] == before["applied"] and not world.done
 
 
 @pytest.mark.postgres
@@ -135,7 +141,7 @@ def test_postgres_checkpointer_keeps_a_paused_thread(engine_runner, pg_url):
 
     saver, close = _make_checkpointer(pg_url, None)
     _, graph = _graph(engine_runner, saver)
-    cfg = _paused(graph, range(0, 10), "pg")
+    cfg = _paused(graph, "pg")
     paused = graph.get_state(cfg)
     close()
 
@@ -147,6 +153,6 @@ def test_postgres_checkpointer_keeps_a_paused_thread(engine_runner, pg_url):
         graph2.invoke(Command(resume={"type": "ignore", "args": None}), cfg)
         after = graph2.get_state(cfg).values
         assert after["feedback"][0]["kind"] == "reject"
-        assert any(m.type == "tool" and m.content == "user rejected it; nothing changed" for m in after["messages"])
+        assert after["history"][-2]["text"] == "user rejected it; nothing changed" and after["applied"] == []
     finally:
         close2()

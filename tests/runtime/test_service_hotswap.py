@@ -9,24 +9,18 @@ import pytest
 from runtime.policy_registry import PolicyRegistry
 
 pytestmark = pytest.mark.slow
-GREEDY = {"configurable": {"temperature": 0}}
+ONE_TURN = {"configurable": {"max_turns": 1}}
 
 
 def _adapter(policy_dir, out, seed):
-    import torch
-    from peft import get_peft_model
+    from training.policy import save_random_adapter
 
-    from training.policy import load_model, lora_config
-
-    torch.manual_seed(seed)
-    peft = get_peft_model(load_model(policy_dir), lora_config(random_init=True))
-    peft.save_pretrained(str(out))
-    return out
+    return save_random_adapter(policy_dir, out, seed=seed)
 
 
 def _versions_of_next_run(c, h, seed):
     tid = c.threads.create(metadata={**h.WORLD, "task_seed": seed})["thread_id"]
-    c.runs.wait(tid, "agent", config=GREEDY)
+    c.runs.wait(tid, "agent", config=ONE_TURN)
     return {s["policy_version"] for s in c.threads.get_state(tid)["values"]["steps"]}
 
 

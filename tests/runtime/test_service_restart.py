@@ -7,7 +7,6 @@ import sqlite3
 import pytest
 
 pytestmark = pytest.mark.slow
-GREEDY = {"configurable": {"temperature": 0}}
 
 
 def _run_status(data_dir, run_id):
@@ -20,7 +19,7 @@ def test_sigkill_mid_run_then_restart_resumes_from_checkpoint(fresh_server, h):
     c = h.client(srv)
     for seed in range(80, 86):  # until the kill lands while the run is still going
         tid = c.threads.create(metadata={**h.WORLD, "task_seed": seed})["thread_id"]
-        run = c.runs.create(tid, "agent", config=GREEDY, stream_mode=["updates"])
+        run = c.runs.create(tid, "agent", stream_mode=["updates"])
         seen = None
         for part in c.runs.join_stream(tid, run["run_id"], stream_mode=["updates"]):
             if part.event == "updates" and "act" in part.data and part.data["act"].get("steps"):
@@ -50,5 +49,5 @@ def test_sigkill_mid_run_then_restart_resumes_from_checkpoint(fresh_server, h):
     assert any(s["metadata"].get("run_id") == run["run_id"] for s in history)
     # the thread keeps working after the restart
     if "__interrupt__" in out:
-        out = c2.runs.wait(tid, "agent", command={"resume": {"type": "ignore"}}, config=GREEDY)
+        out = c2.runs.wait(tid, "agent", command={"resume": {"type": "ignore"}})
         assert c2.threads.get(tid)["status"] in ("idle", "interrupted")
