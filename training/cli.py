@@ -23,6 +23,7 @@ def coldstart(
     examples: Optional[int] = typer.Option(None, help="oracle episodes to train on (default: the preset's)"),
     eval_tasks: int = typer.Option(20, help="test tasks per domain for the evaluation (0: skip it)"),
     k: int = typer.Option(8, help="samples per task for pass@k"),
+    eval_max_steps: int = typer.Option(10, help="turns per evaluation episode"),
     threads: int = typer.Option(2, help="torch threads"),
 ) -> None:
     """SFT the policy on DriftBench oracle episodes (resumable), then evaluate it."""
@@ -40,7 +41,8 @@ def coldstart(
         from training.policy import load_tokenizer
 
         engine = make_engine(f"torch:{policy}")
-        metrics = evaluate(engine, load_tokenizer(policy), n_tasks=eval_tasks, k=k, n_memory=eval_tasks, seed=seed)
+        metrics = evaluate(engine, load_tokenizer(policy), n_tasks=eval_tasks, k=k, n_memory=eval_tasks, seed=seed,
+                           max_steps=eval_max_steps)
         (out / "eval.json").write_text(json.dumps(metrics, indent=2))
         for key in sorted(m for m in metrics if m.startswith("all/")):
             typer.echo(f"{key}: {metrics[key]:.3f}")

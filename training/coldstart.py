@@ -43,8 +43,8 @@ class ColdStartConfig:
 PRESET_CONFIGS = {
     "tiny": ColdStartConfig(preset="tiny", n_examples=200, n_corpus=200, max_steps=20, batch_size=8,
                             save_every=10),
-    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=700, batch_size=16,
-                             lr=3e-3, save_every=100),
+    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=450, batch_size=16,
+                             lr=3e-3, save_every=50),
 }
 
 
@@ -128,7 +128,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
             step, log = state["step"], state["log"]
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()  # CPU seconds too: wall time depends on the machine's load
     bar = tqdm(total=cfg.max_steps, initial=step, desc=f"coldstart[{cfg.preset}]", disable=not progress)
     model.train()
     while step < cfg.max_steps:
@@ -143,10 +143,11 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        log.append({"step": step, "loss": float(loss), "lr": _lr_at(step - 1, cfg),
-                    "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3)})
+        log.append({"step": step, "loss": loss.item(), "lr": _lr_at(step - 1, cfg),
+                    "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3),
+                    "cpu_s": round(time.process_time() - c0, 3)})
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
         if step % cfg.save_every == 0 or step == cfg.max_steps:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "log": log,

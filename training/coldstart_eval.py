@@ -36,8 +36,9 @@ def memory_tasks(domain: str, n: int, seed: int, dense: bool = False):
     later = [v for v in sorted(d.versions) if v > 1 and d.versions[v] != d.versions[1]]
     tasks, notes, affected = [], [], []
     for i in range(n):
-        rules = d.random_rules(rng) if dense else d.versions[later[i % len(later)]]
-        t = make_task(d, rng, rule_version=rules, split="test", shown=(1, d.versions[1]))
+        version = d.random_rules(rng) if dense else later[i % len(later)]
+        rules = d.rules_for(version)
+        t = make_task(d, rng, rule_version=version, split="test", shown=(1, d.versions[1]))
         old_w, old_o = d.solve(t.params, d.versions[1])
         new_w, new_o = d.solve(t.params, rules)
         tasks.append(t)
@@ -60,11 +61,13 @@ def _valid_and_tools(trajs) -> tuple[int, int, set[str]]:
 
 def evaluate(engine, tokenizer, domains: Sequence[str] = ("retail", "telecom"), n_tasks: int = 20, k: int = 8,
              n_memory: int = 20, seed: int = 0, scaffold: str = "direct", temperature: float = 1.0,
-             max_new_tokens: int = 48) -> dict:
+             max_new_tokens: int = 48, max_steps: int = 10) -> dict:
     """Flat metrics dict `{domain}/{metric}` plus means over domains under `all/{metric}`."""
     out: dict[str, float] = {}
-    greedy = RolloutConfig(scaffold=scaffold, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
-    sampled = RolloutConfig(scaffold=scaffold, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    greedy = RolloutConfig(scaffold=scaffold, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed,
+                           max_steps=max_steps)
+    sampled = RolloutConfig(scaffold=scaffold, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                            max_steps=max_steps)
     for dom in domains:
         tasks = generate_tasks(dom, n_tasks, seed=seed, split="test", rule_version=1)
         g = rollout(engine, tokenizer, tasks, greedy)

@@ -33,3 +33,12 @@ def tiny_adapter(tiny_policy, tmp_path_factory) -> str:
     from training.policy import save_random_adapter
 
     return str(save_random_adapter(tiny_policy, tmp_path_factory.mktemp("tiny_adapter"), seed=1, scale=4.0))
+
+
+@pytest.fixture(scope="session")
+def bench_policy(tmp_path_factory) -> str:
+    """A `tiny` policy whose tokenizer is trained on DriftBench text (random weights)."""
+    from training.policy import build_policy
+    from training.sft_data import corpus_texts
+
+    return str(build_policy(tmp_path_factory.mktemp("bench_policy"), "tiny", corpus_texts(120, seed=1), seed=0))
