@@ -124,7 +124,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                     title=f"Evolve demo: {cfg.domain}, silent shift at {shifts[0]}, cycle at {c} "
                           f"({'promoted' if promoted else gate_out.get('outcome')})")
     table = {k: arm_metrics(v, stream, window) for k, v in arms.items()}
-    new_rules = {"promoted policy, no memory": _mean(promoted_no_mem),
+    cand_label = "promoted policy, no memory" if promoted else f"candidate ({gate_out.get('outcome')}), no memory"
+    new_rules = {cand_label: _mean(promoted_no_mem),
                  "cold-start policy, no memory": _mean(static[c:]),
                  "memory only (cold-start + memory)": _mean(arms["memory only"][c:]),
                  "memory + evolve (promoted + memory)": _mean(arms["memory + evolve"][c:])}

@@ -12,7 +12,7 @@ from evolve.mining import mine_items
 pytestmark = pytest.mark.slow
 
 
-def test_consolidation_retires_only_items_the_policy_handles(data_dir, tiny_policy, tmp_path):
+def test_consolidation_retires_only_items_the_policy_handles(competent, data_dir, tiny_policy, tmp_path):
     from memory import MemoryService
 
     mem = MemoryService(data_dir / "memory")

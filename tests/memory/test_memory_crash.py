@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,13 +16,19 @@ BATCH = 40
 
 def test_sigkill_mid_bulk_write_loses_no_committed_event(tmp_path):
     d = tmp_path / "mem"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from crash_writer import TEXTS
+
+    pre = MemoryService(d)
+    pre.embedder.embed(TEXTS)  # cached in the ledger: the writer never loads the model
+    pre.close()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("crash_writer.py")), str(d),
                           str(BATCH)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                          text=True)
     committed: list[str] = []
     try:
-        for _ in range(3):
+        for _ in range(5):
             line = p.stdout.readline()  # type: ignore[union-attr]
             assert line, "writer died before committing"
             committed += line.split()
@@ -37,12 +42,13 @@ def test_sigkill_mid_bulk_write_loses_no_committed_event(tmp_path):
     assert set(committed) <= ids  # every committed event survived
     per_batch: dict[str, int] = {}
     for it in items:
-        b = re.match(r"batch (\d+)", it.text).group(1)  # type: ignore[union-attr]
+        b = it.provenance[0].trajectory_id or ""
         per_batch[b] = per_batch.get(b, 0) + 1
     assert all(n == BATCH for n in per_batch.values()), per_batch  # no half-written batch
     assert sorted(svc.vec.ids("crash")) == sorted(ids)  # projections caught up
-    for it in items[:: max(1, len(items) // 5)]:
-        assert it.id in {h.item.id for h in svc.search("crash", it.text, k=3)}
+    for it in items[:: max(1, len(items) // 5)]:  # searchable (dedup off: same texts repeat)
+        found = svc.search("crash", it.text, k=len(items))
+        assert it.id in {h.item.id for h in found}
     svc.close()
 
 

@@ -36,15 +36,6 @@ def engine_runner(tiny_policy):
     runner.close()
 
 
-@pytest.fixture(scope="module")
-def memory(tmp_path_factory):
-    from memory import MemoryService
-
-    m = MemoryService(tmp_path_factory.mktemp("mem"))
-    yield m
-    m.close()
-
-
 def _graph(runner, checkpointer, memory=None, worlds=None, **cfg):
     from runtime.graph import AgentConfig, AgentDeps, build_graph
 
@@ -84,11 +75,11 @@ def test_world_spec_validation():
             WorldSpec.from_config(bad)
 
 
-def test_unparsable_output_is_an_observation_and_budget_aborts(engine_runner, memory, tmp_path):
+def test_unparsable_output_is_an_observation_and_budget_aborts(engine_runner, tmp_path):
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     saver = SqliteSaver(sqlite3.connect(tmp_path / "cp.sqlite", check_same_thread=False))
-    _, graph = _graph(engine_runner, saver, memory=memory, max_turns=3)
+    _, graph = _graph(engine_runner, saver, max_turns=3)
     cfg = _config("garbled", task_seed=1, temperature=5.0, seed=3)  # near-uniform sampling: not an action
     graph.invoke({"messages": [{"role": "user", "content": "refund my order please"}]}, cfg)
     values = graph.get_state(cfg).values
@@ -102,9 +93,7 @@ def test_unparsable_output_is_an_observation_and_budget_aborts(engine_runner, me
     ep = values["episode"]
     if not any(s["action"] and s["action"]["name"] == "reply" for s in steps):
         assert ep["outcome"] == "aborted"  # the turn budget ended it
-    traj = memory.get_trajectory(values["trajectory_id"], "t1")
-    assert traj.outcome == ep["outcome"] and traj.scaffold == "direct" and len(traj.steps) == len(steps)
-    assert traj.steps[0].prompt_token_ids == steps[0]["prompt_token_ids"]
+    assert ep["done"] and ep["verdict"] is not None and ep["verdict"]["success"] is False
 
 
 def test_fresh_process_rebuilds_world_by_replay_and_user_tool_runs(engine_runner, tmp_path):

@@ -24,11 +24,19 @@ def _versions_of_next_run(c, h, seed):
     return {s["policy_version"] for s in c.threads.get_state(tid)["values"]["steps"]}
 
 
-def test_promote_and_roll_back_without_restart(fresh_server, h, tiny_policy, tmp_path):
-    srv = fresh_server()
+def test_promote_and_roll_back_without_restart(server, h, tiny_policy, tmp_path):
+    srv = server  # the shared server: base serves again when this test ends
     pid = srv.proc.pid
     c = h.client(srv)
     reg = PolicyRegistry(srv.data_dir)
+    try:
+        _swap_cycle(srv, c, h, reg, tiny_policy, tmp_path, pid)
+    finally:
+        if reg.current() is not None:
+            reg.roll_back(to="base")
+
+
+def _swap_cycle(srv, c, h, reg, tiny_policy, tmp_path, pid):
     reg.register("v1", _adapter(tiny_policy, tmp_path / "a1", 1), parent="base", cycle="cycle-0001")
     reg.register("v2", _adapter(tiny_policy, tmp_path / "a2", 2), parent="v1", cycle="cycle-0002")
     assert _versions_of_next_run(c, h, 90) == {"base"}
