@@ -31,7 +31,7 @@ class DemoConfig:
     mode: str = "auto"         # auto | full | baseline
 
     def n_episodes(self) -> int:
-        return self.episodes or {"tiny": 24, "small": 120}.get(self.preset, 120)
+        return self.episodes or {"tiny": 16, "small": 120}.get(self.preset, 120)
 
 
 def missing_parts() -> list[str]:
