@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -26,6 +26,7 @@ router = APIRouter()
 _NS = uuid.UUID("6f1d3a2e-5c1b-4e0a-9b7d-2a4c8e6f0b13")
 _STARTED = datetime.now(timezone.utc).isoformat()
 SCAFFOLDS = ("direct", "plan_act")
+RunStatus = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
 
 
 def rt_of(request: Request):
@@ -375,7 +376,8 @@ def _run(rt, p: Principal, thread_id: str, run_id: str) -> dict[str, Any]:
 
 @router.get("/threads/{thread_id}/runs", tags=["runs"])
 def runs_list(thread_id: str, request: Request, limit: int = Query(10, ge=1, le=1000),
-              offset: int = Query(0, ge=0), status: str | None = None, p: Principal = Auth) -> list[dict[str, Any]]:
+              offset: int = Query(0, ge=0, le=1_000_000), status: RunStatus | None = None,
+              p: Principal = Auth) -> list[dict[str, Any]]:
     rt = rt_of(request)
     _thread(rt, p, thread_id)
     return [run_view(r) for r in rt.db.list_runs(p.tenant, thread_id, limit, offset, status)]

@@ -51,7 +51,7 @@ class ThreadSearch(_Body):
     metadata: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(10, ge=1, le=1000)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=1_000_000)
 
 
 class HistoryRequest(_Body):
@@ -73,7 +73,7 @@ class AssistantSearch(_Body):
     graph_id: str | None = None
     name: str | None = None
     limit: int = Field(10, ge=1, le=1000)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=1_000_000)
 
 
 class Message(_Body):

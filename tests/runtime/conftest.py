@@ -35,8 +35,6 @@ def tiny_policy(tmp_path_factory) -> Path:
 
     torch.set_num_threads(2)
     from training.coldstart import ensure_coldstart
-    if os.environ.get("DEVTEMP_POLICY"):  # DEVTEMP
-        return Path(os.environ["DEVTEMP_POLICY"])
 
     return Path(ensure_coldstart(tmp_path_factory.mktemp("policy") / "tiny", "tiny", seed=0))
 

@@ -94,7 +94,7 @@ def test_schemathesis_finds_no_server_error(server, h, tmp_path):
                "-H", f"Authorization: Bearer {h.TOKENS[who]}", "--max-examples", "5", "--seed", "7",
                "--phases", "examples,coverage,fuzzing", "--workers", "1", "--no-shrink",
                "--generation-database", "none", "--request-timeout", "60", "--exclude-path-regex", "/stream$",
-               "--max-time", "60", "--no-color", *extra]
+               "--max-time", "25", "--no-color", *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert httpx.get(server.url + "/healthz").json()["ok"]
