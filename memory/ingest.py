@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from memory.ledger import IT, Change
 from memory.models import KINDS, STATUSES, InvalidInput, MemoryItem, Provenance
+from memory.projections import live_where
 from memory.text import content_hash, extract_entities, signature
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ def near_duplicates(svc: "MemoryService", items: list[MemoryItem], vecs: np.ndar
         if col is None or col.count() == 0:
             continue
         r = col.query(query_embeddings=vecs[idx], n_results=min(3, col.count()),
-                      include=["distances"])
+                      where=live_where(), include=["distances"])
         for i, ids, ds in zip(idx, r["ids"], r["distances"]):
             cand[i] = [(x, 1.0 - d) for x, d in zip(ids, ds) if 1.0 - d >= svc.cfg.dedup_threshold]
     need = {x for c in cand.values() for x, _ in c}

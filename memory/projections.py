@@ -21,7 +21,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from memory.models import MemoryItem
+from memory.models import LIVE_STATUSES, MemoryItem
 from memory.text import extract_entities, terms, text_hash
 
 log = logging.getLogger("memory")
@@ -30,6 +30,18 @@ META = "evolve_meta"
 
 def collection_name(tenant: str) -> str:
     return "t_" + hashlib.sha1(tenant.encode()).hexdigest()[:24]
+
+
+def _meta(it: MemoryItem) -> dict[str, Any]:
+    return {"kind": it.kind, "h": text_hash(it.text), "live": it.status in LIVE_STATUSES}
+
+
+def live_where(kinds: list[str] | None = None) -> dict[str, Any]:
+    """The chromadb filter every vector query uses: live items (of the given kinds)."""
+    if not kinds:
+        return {"live": True}
+    k = {"kind": kinds[0]} if len(kinds) == 1 else {"kind": {"$in": list(kinds)}}
+    return {"$and": [{"live": True}, k]}
 
 
 def release_chroma(path: Path) -> None:
@@ -109,24 +121,47 @@ class VectorProjection:
         return self._cols[tenant]
 
     def apply(self, tenant: str, items: dict[str, MemoryItem | None], vectors: Any) -> None:
-        """Make the tenant's collection agree with `items` (live -> present, else absent)."""
+        """Make the tenant's collection agree with `items`.
+
+        Live items are present with `live=True`; retracted/retired ones keep their vector but are
+        flagged `live=False`, which every query filters on: a status change (retire, retract,
+        rollback) is a metadata update, never an index rebuild (chromadb re-inserting deleted
+        vectors is ~50x slower than flipping a flag). Items that no longer exist in the ledger
+        (a forgotten tenant) are physically deleted.
+        """
         col = self.col(tenant)
         ids = list(items)
-        have: dict[str, str] = {}
+        have: dict[str, tuple[str, bool]] = {}
         for i in range(0, len(ids), 5000):
             got = col.get(ids=ids[i:i + 5000], include=["metadatas"])
-            have.update({k: (m or {}).get("h", "") for k, m in zip(got["ids"], got["metadatas"])})
-        up = [it for it in items.values() if it is not None and have.get(it.id) != text_hash(it.text)]
-        gone = [i for i, it in items.items() if it is None and i in have]
-        if gone:
-            for i in range(0, len(gone), 5000):
-                col.delete(ids=gone[i:i + 5000])
+            have.update({k: ((m or {}).get("h", ""), bool((m or {}).get("live")))
+                         for k, m in zip(got["ids"], got["metadatas"])})
+        up, flip, gone = [], [], []
+        for iid, it in items.items():
+            if it is None:
+                if iid in have:
+                    gone.append(iid)
+                continue
+            live = it.status in LIVE_STATUSES
+            cur = have.get(iid)
+            if cur is None:
+                if live:
+                    up.append(it)
+            elif cur[0] != text_hash(it.text):
+                up.append(it)
+            elif cur[1] != live:
+                flip.append(it)
+        for i in range(0, len(gone), 5000):
+            col.delete(ids=gone[i:i + 5000])
+        for i in range(0, len(flip), 5000):
+            part = flip[i:i + 5000]
+            col.update(ids=[it.id for it in part], metadatas=[_meta(it) for it in part])
         if up:
             vecs = vectors([it.text for it in up])
             for i in range(0, len(up), 5000):
                 part = up[i:i + 5000]
                 col.upsert(ids=[it.id for it in part], embeddings=vecs[i:i + 5000],
-                           metadatas=[{"kind": it.kind, "h": text_hash(it.text)} for it in part])
+                           metadatas=[_meta(it) for it in part])
 
     def drop_tenant(self, tenant: str) -> None:
         self._cols.pop(tenant, None)
@@ -143,19 +178,19 @@ class VectorProjection:
         total = col.count()
         if total == 0:
             return []
-        where = None
-        if kinds:
-            where = {"kind": kinds[0]} if len(kinds) == 1 else {"kind": {"$in": list(kinds)}}
+        where = live_where(kinds)
         r = col.query(query_embeddings=[vec], n_results=min(n, total), where=where,
                       include=["distances"])
         return [(i, 1.0 - float(d)) for i, d in zip(r["ids"][0], r["distances"][0])]
 
     def ids(self, tenant: str) -> list[str]:
+        """Ids a query can return (live vectors)."""
         col = self.col(tenant, create=False)
-        return [] if col is None else col.get(include=[])["ids"]
+        return [] if col is None else col.get(where={"live": True}, include=[])["ids"]
 
     def count(self) -> int:
-        return sum(self.client.get_collection(c.name).count()
+        """Live vectors over all tenants."""
+        return sum(len(self.client.get_collection(c.name).get(where={"live": True}, include=[])["ids"])
                    for c in self.client.list_collections() if c.name != META)
 
     def close(self) -> None:
@@ -214,6 +249,8 @@ class GraphProjection:
         return self.graphs.setdefault(tenant, nx.MultiDiGraph())
 
     def apply(self, tenant: str, items: dict[str, MemoryItem | None]) -> None:
+        items = {i: (it if it is not None and it.status in LIVE_STATUSES else None)
+                 for i, it in items.items()}
         g = self.g(tenant)
         touched_entities: set[str] = set()
         for iid, item in items.items():
@@ -308,6 +345,8 @@ class KeywordIndex:
         self.doc_terms: dict[str, dict[str, list[str]]] = defaultdict(dict)
 
     def apply(self, tenant: str, items: dict[str, MemoryItem | None]) -> None:
+        items = {i: (it if it is not None and it.status in LIVE_STATUSES else None)
+                 for i, it in items.items()}
         post, docs = self.post[tenant], self.doc_terms[tenant]
         for iid, item in items.items():
             for t in docs.pop(iid, []):

@@ -115,7 +115,7 @@ class MemoryService:
             by_tenant: dict[str, dict[str, MemoryItem | None]] = {}
             for iid, (tenant, _) in touched.items():
                 it = current.get(iid)
-                by_tenant.setdefault(tenant, {})[iid] = it if it and it.status in LIVE_STATUSES else None
+                by_tenant.setdefault(tenant, {})[iid] = it  # None: gone from the ledger
             for tenant, items in by_tenant.items():
                 self.vec.apply(tenant, items, self.embedder.embed)
                 self.graph.apply(tenant, items)
