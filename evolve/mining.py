@@ -88,7 +88,9 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
                         f"users {'replace' if f.kind == 'edit' else 'do'} {b} instead.", t, f.step,
                         f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
                         {"type": "correction", "from": a, "to": b})
-        for s in t.steps:
+        for s in t.steps:  # errors of well-formed tool calls (not of malformed model output)
+            if _tool(s.action_text) in (None, "reply"):
+                continue
             if s.observation.startswith("error:") or " is deprecated" in s.observation:
                 msg = _mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
                 add(t.tenant, "tool_knowledge", f"Tool note: {msg.removeprefix('error: ')}", t, s.index,
