@@ -47,11 +47,12 @@ def demo(
     episodes: int = typer.Option(0, help="Episodes in the drift stream (0: the preset's default)."),
     seed: int = typer.Option(0),
     mode: str = typer.Option("auto", help="auto (full when every part is installed) | full | baseline."),
+    policy: str = typer.Option("", help="Use this policy folder instead of building the cold-start policy."),
 ) -> None:
     """The end-to-end demo: drift stream, memory adapting online, one evolve cycle, the report."""
     from evolve.demo import DemoConfig, run_demo
 
-    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed, mode=mode))
+    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed, mode=mode, policy=policy))
     typer.echo(report["summary_text"])
 
 

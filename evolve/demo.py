@@ -29,6 +29,7 @@ class DemoConfig:
     episodes: int = 0          # 0: the preset's default
     seed: int = 0
     mode: str = "auto"         # auto | full | baseline
+    policy: str = ""           # an existing policy folder to use instead of building the cold-start one
 
     def n_episodes(self) -> int:
         return self.episodes or {"tiny": 16, "small": 120}.get(self.preset, 120)

@@ -78,7 +78,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     shifts = [s["index"] for s in stream.shifts]
 
     # cold-start policy: built once, reused by every later demo run
-    policy = Path(ensure_coldstart(out / "policy", cfg.preset, cfg.seed))
+    policy = Path(cfg.policy) if cfg.policy else Path(ensure_coldstart(out / "policy", cfg.preset, cfg.seed))
     timings["coldstart_s"] = time.time() - t0
     data = out / "service"
     data.mkdir(parents=True)
