@@ -181,8 +181,15 @@ class Ledger:
             "data": json.dumps(c.data, default=str),
             "snapshot": c.item.model_dump_json() if c.item else None,
         } for c in changes]
-        res = conn.execute(sa.insert(EV).returning(EV.c.seq, sort_by_parameter_order=True), rows)
-        seqs = [r[0] for r in res]
+        if self.is_sqlite:  # one executemany; writers are serialised, so the new seqs are > top
+            top = conn.execute(sa.select(sa.func.max(EV.c.seq))).scalar() or 0
+            conn.execute(sa.insert(EV), rows)
+            seqs = [r[0] for r in conn.execute(
+                sa.select(EV.c.seq).where(EV.c.seq > top).order_by(EV.c.seq))]
+            assert len(seqs) == len(rows), "concurrent writer inside a serialised transaction"
+        else:
+            res = conn.execute(sa.insert(EV).returning(EV.c.seq, sort_by_parameter_order=True), rows)
+            seqs = [r[0] for r in res]
         latest: dict[str, tuple[MemoryItem, int]] = {}
         for c, s in zip(changes, seqs):
             if c.item is not None:
@@ -305,9 +312,17 @@ class Ledger:
         self.fresh.clear()
         return out
 
-    def snapshots_at(self, item_ids: list[str], version: int) -> dict[str, MemoryItem | None]:
-        """Each item's state at ledger version `version` (None: it did not exist yet)."""
-        out: dict[str, MemoryItem | None] = {i: None for i in item_ids}
+    def raw_docs(self, ids: list[str]) -> dict[str, str]:
+        """Current item JSON, unparsed (bulk paths parse only what they keep)."""
+        out: dict[str, str] = {}
+        with self.engine.connect() as c:
+            for chunk in _chunks(ids, 500):
+                out.update({r[0]: r[1] for r in c.execute(sa.select(IT.c.id, IT.c.doc).where(IT.c.id.in_(chunk)))})
+        return out
+
+    def snapshots_at(self, item_ids: list[str], version: int) -> dict[str, str | None]:
+        """Each item's snapshot JSON at ledger version `version` (None: it did not exist yet)."""
+        out: dict[str, str | None] = {i: None for i in item_ids}
         with self.engine.connect() as c:
             for chunk in _chunks(item_ids, 500):
                 last = (sa.select(EV.c.item_id, sa.func.max(EV.c.seq).label("s"))
@@ -316,7 +331,7 @@ class Ledger:
                         .group_by(EV.c.item_id).subquery())
                 q = sa.select(EV.c.item_id, EV.c.snapshot).join(last, EV.c.seq == last.c.s)
                 for iid, snap in c.execute(q):
-                    out[iid] = MemoryItem.model_validate_json(snap)
+                    out[iid] = snap
         return out
 
     def version_at_time(self, t: float) -> int:

@@ -36,9 +36,9 @@ def entry(r: sa.Row) -> HistoryEntry:
                         status=snap.get("status") if snap else None)
 
 
-def _same_state(a: MemoryItem, b: MemoryItem) -> bool:
-    skip = {"version", "updated_at"}
-    return a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
+def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    skip = ("version", "updated_at")
+    return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
 
 
 def rollback(svc: "MemoryService", version: int | None = None, *, at: float | None = None,
@@ -61,25 +61,25 @@ def rollback(svc: "MemoryService", version: int | None = None, *, at: float | No
             q = q.where(EV.c.tenant == tenant)
         with led.engine.connect() as c:
             ids = [r[0] for r in c.execute(q)]
-        current = led.get_many(ids)  # forgotten tenants' items have no row: skipped
+        current = led.raw_docs(ids)  # forgotten tenants' items have no row: skipped
         before = led.snapshots_at(list(current), target)
         now = time.time()
         changes = []
-        for iid, cur in current.items():
-            old = before[iid]
-            if old is None:
-                if cur.status == "retracted":
+        for iid, cur_doc in current.items():
+            cur, old_doc = json.loads(cur_doc), before[iid]
+            if old_doc is None:
+                if cur["status"] == "retracted":
                     continue
-                new = cur.model_copy(deep=True)
+                new = MemoryItem.model_validate_json(cur_doc)
                 new.status, new.valid_to = "retracted", now
                 new.status_reason = f"rolled back to version {target} (created after it)"
             else:
-                if _same_state(old, cur):
+                if _same_state(json.loads(old_doc), cur):
                     continue
-                new = old  # freshly parsed: no copy needed
+                new = MemoryItem.model_validate_json(old_doc)
                 new.status_reason = f"rolled back to version {target}"
-            new.version, new.updated_at = cur.version + 1, now
-            changes.append(Change("rolled_back", cur.tenant, new, {"to_version": target, "reason": reason}))
+            new.version, new.updated_at = cur["version"] + 1, now
+            changes.append(Change("rolled_back", new.tenant, new, {"to_version": target, "reason": reason}))
         changes.append(Change("rollback", tenant or "*", None,
                               {"to_version": target, "items": len(changes), "reason": reason}))
         seqs = led.commit(changes)
