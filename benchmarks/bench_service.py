@@ -6,9 +6,10 @@ with `command={"resume": {"type": "accept"}}`) until the episode ends. One agent
 request/response cycle as the user sees it (a run that ends in a reply or an approval request).
 
 Figures (flat JSON keys): per level `u{N}_turn_p50_s`, `u{N}_turn_p99_s`, `u{N}_turns_per_s`,
-`u{N}_policy_calls_per_s`, `u{N}_errors` (must be 0); and measured side by side in this run,
-`overhead_ratio`: service time per policy call at 1 user / a bare `engine.generate` of the same
-kind of prompt in this process (the runtime's own overhead: HTTP, graph, checkpoints, memory).
+`u{N}_policy_calls_per_s`, `u{N}_errors` (must be 0); and measured side by side in this run
+(interleaved, medians), `overhead_ratio`: a one-policy-call service turn / a bare `engine.generate`
+of the same kind of prompt in this process (the runtime's own overhead: HTTP, graph, checkpoints,
+memory recall and writes, the trajectory ledger).
 
     .venv/bin/python benchmarks/bench_service.py --out bench-out/bench_service.json [--quick]
 """
@@ -103,26 +104,53 @@ async def level(url: str, n_users: int, episodes: int) -> dict[str, float]:
             "error_samples": errors[:3]}
 
 
-def bare_engine_call(policy: str, max_new_tokens: int, n: int = 8) -> float:
-    """Mean seconds of one engine.generate on a first-turn prompt, in this process."""
-    import dynamic_bench
-    from runtime import scaffolds
-    from training.engines import SamplingParams, make_engine
-    from training.policy import stop_token_ids
+class BareEngine:
+    """The same engine in this process, called directly on a first-turn prompt of a task."""
 
-    eng = make_engine(policy)
-    env = dynamic_bench.make("driftbench/retail-v1", user_simulation=False)
-    sc = scaffolds.get("direct")
-    times = []
-    for i in range(n):
-        obs, info = env.reset(seed=i)
-        ctx = scaffolds.Context(policy_text=info["policy_text"], tools=info["tools"],
-                                history=[("user", obs.removeprefix("user: "))])
-        ids = sc.encode_prompt(eng.tokenizer, ctx)
+    def __init__(self, policy: str, max_new_tokens: int, threads: int):
+        import torch
+
+        import dynamic_bench
+        from runtime import scaffolds
+        from training.engines import SamplingParams, make_engine
+        from training.policy import stop_token_ids
+
+        torch.set_num_threads(threads)  # as the server's engine (its /healthz says how many)
+        self.eng = make_engine(policy)
+        self.env = dynamic_bench.make("driftbench/retail-v1", user_simulation=False)
+        self.sc, self.Context = scaffolds.get("direct"), scaffolds.Context
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids(self.eng.tokenizer))
+
+    def call(self, seed: int) -> float:
+        obs, info = self.env.reset(seed=seed)
+        ctx = self.Context(policy_text=info["policy_text"], tools=info["tools"],
+                           history=[("user", obs.removeprefix("user: "))])
+        ids = self.sc.encode_prompt(self.eng.tokenizer, ctx)
         t0 = time.perf_counter()
-        eng.generate([ids], SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids(eng.tokenizer)))
-        times.append(time.perf_counter() - t0)
-    return statistics.mean(times[1:]) if len(times) > 1 else times[0]
+        self.eng.generate([ids], self.params)
+        return time.perf_counter() - t0
+
+
+async def overhead(url: str, bare: BareEngine, n: int) -> dict[str, float]:
+    """Interleaved, so both see the same machine load: a one-policy-call service turn (thread,
+    recall, act, reply, memory and ledger writes, checkpoints, HTTP) vs a bare engine call."""
+    from langgraph_sdk import get_client
+
+    c = get_client(url=url, api_key=TOKEN, timeout=600)
+    svc, raw = [], []
+    for i in range(n + 1):
+        t = await c.threads.create(metadata={"world": "driftbench/retail-v1", "task_seed": 90_000 + i})
+        t0 = time.perf_counter()
+        out = await c.runs.wait(t["thread_id"], "agent", input={"messages": []},
+                                config={"configurable": {"max_turns": 1}})
+        dt = time.perf_counter() - t0
+        b = bare.call(90_000 + i)
+        if i and "__error__" not in out:  # the first pair warms both paths up
+            svc.append(dt)
+            raw.append(b)
+    await c.aclose()
+    s_med, b_med = statistics.median(svc), statistics.median(raw)
+    return {"service_turn_1call_s": s_med, "bare_engine_call_s": b_med, "overhead_ratio": s_med / b_med}
 
 
 def main() -> None:
@@ -152,9 +180,8 @@ def main() -> None:
         for n in tqdm(levels, desc="users"):
             r = asyncio.run(level(url, n, episodes))
             out.update({f"u{n}_{k}": v for k, v in r.items()})
-        out["bare_engine_call_s"] = bare_engine_call(engine, max_new)
-        out["service_s_per_policy_call_1user"] = out.get("u1_s_per_policy_call", float("nan"))
-        out["overhead_ratio"] = out["service_s_per_policy_call_1user"] / out["bare_engine_call_s"]
+        threads = httpx.get(url + "/healthz").json()["torch_threads"]
+        out.update(asyncio.run(overhead(url, BareEngine(engine, max_new, threads), 4 if args.quick else 12)))
         out["errors"] = sum(out.get(f"u{n}_errors", 0) for n in levels)
         out["metrics_excerpt"] = [ln for ln in httpx.get(url + "/metrics").text.splitlines()
                                   if ln.startswith(("evolve_agent_turn_seconds_sum", "evolve_agent_turn_seconds_count",

@@ -24,6 +24,7 @@ def serve(
     temperature: float = typer.Option(1.0, help="sampling temperature"),
     max_body_bytes: int = typer.Option(1 << 20, help="largest request body accepted"),
     seed: int = typer.Option(0, help="seed of the cold-start policy"),
+    torch_threads: int = typer.Option(1, help="intra-op threads of the in-process torch engine"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
 ) -> None:
     """Serve the agent: LangGraph API (threads, runs, streaming, interrupts) + Evolve routes."""
@@ -32,5 +33,5 @@ def serve(
     cfg = ServiceConfig(data_dir=data_dir, engine=engine, tokenizer=tokenizer, preset=preset,
                         checkpointer=checkpointer, memory_url=memory_url, max_turns=max_turns,
                         max_new_tokens=max_new_tokens, temperature=temperature, max_body_bytes=max_body_bytes,
-                        seed=seed)
+                        seed=seed, torch_threads=torch_threads)
     run_server(cfg, host=host, port=port, log_level=log_level)

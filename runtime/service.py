@@ -48,6 +48,7 @@ class ServiceConfig:
     memory_url: str | None = None      # ledger URL; default <data_dir>/memory
     max_body_bytes: int = 1 << 20
     max_workers: int = 64
+    torch_threads: int = 1             # intra-op threads of the in-process engine (1: no spin-waiting on busy cores)
     max_turns: int = 12
     max_new_tokens: int = 96
     temperature: float = 1.0
@@ -73,6 +74,10 @@ class Runtime:
         self.auth = TokenAuth.load(self.data_dir)
         self.db = ServiceDB(self.data_dir / "service.sqlite")
         self.registry = PolicyRegistry(self.data_dir)
+        if cfg.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
         engine, tokenizer = _make_engine(cfg)
         self.runner = EngineRunner(engine, self.registry)
         self.memory = _make_memory(cfg, self.data_dir)
@@ -215,6 +220,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     def healthz(request: Request) -> dict[str, Any]:
         rt: Runtime = request.app.state.rt
         return {"ok": rt.runner.swap_error is None, "uptime_s": round(time.time() - rt.started_at, 1),
+                "torch_threads": rt.cfg.torch_threads,
                 **rt.runner.status(), "active_runs": sum(not h.finished.is_set() for h in rt.runs.handles.values())}
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
