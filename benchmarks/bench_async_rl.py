@@ -141,8 +141,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.workers, args.tasks, args.heldout = 4, 2, 6, 4
-        args.etas, args.max_turns, args.max_new_tokens = "0,2", 3, 16
+        args.steps, args.workers, args.tasks, args.heldout, args.group_size = 3, 2, 4, 2, 2
+        args.etas, args.max_turns, args.max_new_tokens, args.mu, args.sigma = "0,2", 2, 12, -2.5, 0.5
     res = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

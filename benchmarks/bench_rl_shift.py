@@ -166,8 +166,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.groups, args.group_size, args.tasks, args.heldout = 2, 1, 4, 4, 3
-        args.eval_every, args.max_turns, args.max_new_tokens, args.workers = 2, 3, 16, 1
+        args.steps, args.groups, args.group_size, args.tasks, args.heldout = 1, 1, 2, 2, 2
+        args.eval_every, args.max_turns, args.max_new_tokens, args.workers = 1, 2, 12, 1
     res = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

@@ -32,5 +32,5 @@ def test_bench_rl_shift_quick(tmp_path, tiny_rl_policy):
         assert res[f"{arm}_forgetting_pts"] == 100 * (res["old_success_before"] - res[f"{arm}_old_success_final"])
         assert res[f"{arm}_wall_s"] > 0
     curves = json.loads(Path(res["curves_file"]).read_text())
-    assert curves["replay"][0]["step"] == 0 and curves["replay"][-1]["step"] == 2
+    assert curves["replay"][0]["step"] == 0 and curves["replay"][-1]["step"] == 1
     assert Path(res["plot"]).exists()
