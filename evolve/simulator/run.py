@@ -51,12 +51,13 @@ def judge_proposal(task: Task, applied: list[str], proposed: str, seed: int | No
     return env.judge_action(proposed)
 
 
-def reason_for(task: Task) -> str:
-    """What a volunteering user says when rejecting: what changed from the policy the agent sees."""
+def reason_for(task: Task) -> str | None:
+    """What a volunteering user says when rejecting: what changed from the policy the agent sees
+    (None when nothing did: the agent just erred, and the user has no rule to add)."""
     d = get_domain(task.domain)
     p = task.params
     notes = d.describe_change(p["shown_rules"], p["rules"]) if p.get("shown_rules") != p.get("rules") else []
-    return "no. " + "; ".join(notes) if notes else "no, that is not what our policy allows"
+    return "no. " + "; ".join(notes) if notes else None
 
 
 def response_for(decision, judgement: dict[str, Any], task: Task, volunteers: bool) -> dict[str, Any]:
@@ -64,7 +65,8 @@ def response_for(decision, judgement: dict[str, Any], task: Task, volunteers: bo
     if decision.kind == "approve":
         return {"type": "accept", "args": None}
     if decision.kind == "reject":
-        return {"type": "response", "args": reason_for(task)} if volunteers else {"type": "ignore", "args": None}
+        reason = reason_for(task) if volunteers else None
+        return {"type": "response", "args": reason} if reason else {"type": "ignore", "args": None}
     call = parse_action(decision.action_text or "")
     if not isinstance(call, ToolCall):
         return {"type": "ignore", "args": None}

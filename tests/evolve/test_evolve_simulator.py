@@ -47,7 +47,8 @@ def test_reason_states_what_changed_and_only_when_something_did():
     reason = reason_for(ep.task)
     assert reason.startswith("no. ") and ("window" in reason or "escalat" in reason or "coupon" in reason)
     v1 = make_stream("silent", "retail", 40, seed=3).episodes[0].task
-    assert reason_for(v1) == "no, that is not what our policy allows"
+    assert reason_for(v1) is None
+    assert response_for(Decision("reject"), {}, v1, True) == {"type": "ignore", "args": None}
 
 
 def test_responses_follow_langgraph_human_response_shapes():
