@@ -138,9 +138,26 @@ def test_bad_input_is_a_clear_error(engine, tiny_policy):
         engine.generate([[5] * 5000], SamplingParams(max_new_tokens=4))
 
 
-def test_torch_engine_memory_bounded_adapters(tiny_policy, tiny_adapter):
-    """Only `keep_adapters` versions stay loaded in the torch engine (older idle ones are dropped)."""
+def test_torch_engine_reuses_adapter_slots_exactly(tiny_policy, tiny_adapter, tmp_path, prompts):
+    """A stream of new versions replaces the live adapter in place (memory stays bounded); a
+    version loaded while the base is active gets its own slot; each version gives exactly what
+    a fresh engine with that adapter gives."""
+    from training.policy import save_random_adapter
+
+    other = str(save_random_adapter(tiny_policy, tmp_path / "other", seed=2, scale=4.0))
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
     eng = make_engine(f"torch:{tiny_policy}", keep_adapters=2)
-    for v in range(4):
-        eng.load_adapter(tiny_adapter, f"v{v}")
-    assert len(eng._adapters) == 2 and "v3" in eng._adapters
+    for v, path in enumerate([tiny_adapter, other, tiny_adapter, other, tiny_adapter]):
+        eng.load_adapter(path, f"v{v}")
+    assert list(eng._adapters) == ["v4"] and len(eng._slots) == 1
+    got = [g.token_ids for g in eng.generate(prompts, greedy)]
+    eng.load_adapter(None, "base")
+    eng.load_adapter(other, "w")
+    assert len(eng._slots) == 2
+    got_other = [g.token_ids for g in eng.generate(prompts, greedy)]
+    eng.load_adapter(tiny_adapter, "v4")  # still loaded: a pure switch
+    assert [g.token_ids for g in eng.generate(prompts, greedy)] == got
+    for path, seen in ((tiny_adapter, got), (other, got_other)):
+        fresh = make_engine(f"torch:{tiny_policy}", adapter=path, version="x")
+        assert [g.token_ids for g in fresh.generate(prompts, greedy)] == seen
+    assert got != got_other

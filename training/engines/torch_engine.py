@@ -35,6 +35,13 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
     return tok, float(lp[tok])
 
 
+def _layout(cfg: dict) -> tuple:
+    """What must match for an adapter's tensors to be copied into another's slot."""
+    return (cfg.get("r"), cfg.get("lora_alpha"), tuple(sorted(cfg.get("target_modules") or ())),
+            cfg.get("use_rslora", False), cfg.get("use_dora", False), str(cfg.get("rank_pattern")),
+            str(cfg.get("alpha_pattern")), cfg.get("bias", "none"))
+
+
 class TorchEngine(Engine):
     """Runs a HF causal LM in this process; LoRA adapters are loaded once per version and switched."""
 
@@ -56,7 +63,8 @@ class TorchEngine(Engine):
         self.keep_adapters = keep_adapters
         self._rng = torch.Generator().manual_seed(seed)
         self._peft = None
-        self._adapters: dict[str, str] = {}  # version -> adapter path, oldest first
+        self._adapters: dict[str, tuple[str, str]] = {}  # version -> (adapter path, slot), LRU order
+        self._slots: dict[str, tuple] = {}  # slot -> LoRA layout (r, alpha, targets)
         self._active: str | None = None
         self.policy_version = version
         self.last_swap_ms = 0.0
@@ -64,37 +72,100 @@ class TorchEngine(Engine):
             self.load_adapter(adapter, version)
 
     # -- adapters ---------------------------------------------------------------------------
+    # Versions live in a few peft adapter *slots*. A new version with the same LoRA layout as an
+    # idle slot is copied into that slot's tensors in place (safetensors read + copy: a few ms);
+    # only a new layout (or the first adapter) builds modules through peft.
     def load_adapter(self, adapter_path: str | None, version: str) -> None:
         t0 = time.perf_counter()
         if adapter_path is None:
             self._active = None
         else:
             path = str(adapter_path)
-            if self._adapters.get(version) != path:
+            if self._adapters.get(version, (None, None))[0] != path:
                 self._load(path, version)
-            self._peft.set_adapter(version)
+            self._adapters[version] = self._adapters.pop(version)  # most recently used last
+            slot = self._adapters[version][1]
+            if self._peft.active_adapter != slot:  # peft's switch walks every module: skip if live
+                self._peft.set_adapter(slot)
             self._active = version
         self.policy_version = version
         self.last_swap_ms = (time.perf_counter() - t0) * 1000
 
     def _load(self, path: str, version: str) -> None:
+        import json
+
         from peft import PeftModel
 
-        if not (Path(path) / "adapter_config.json").exists():
+        cfg_file = Path(path) / "adapter_config.json"
+        if not cfg_file.exists():
             raise FileNotFoundError(f"no LoRA adapter (adapter_config.json) in {path}")
+        layout = _layout(json.loads(cfg_file.read_text()))
+        if version in self._adapters:
+            slot = self._adapters.pop(version)[1]
+            if self._slots[slot] == layout:
+                self._copy_into(slot, path)
+                self._adapters[version] = (path, slot)
+                return
+            self._free(slot)
+        active_slot = self._adapters[self._active][1] if self._active in self._adapters else None
+        if active_slot is not None and self._slots[active_slot] == layout:
+            # the usual RL step: the next version replaces the live one in place (no module work)
+            del self._adapters[self._active]
+            self._copy_into(active_slot, path)
+            self._adapters[version] = (path, active_slot)
+            return
         if self._peft is None:
-            self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=version, is_trainable=False)
+            slot = self._new_slot()
+            self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=slot, is_trainable=False)
             self._peft.eval()
         else:
-            if version in self._adapters:
-                self._peft.delete_adapter(version)
-                del self._adapters[version]
-            self._peft.load_adapter(path, adapter_name=version, is_trainable=False)
-        self._adapters[version] = path
-        while len(self._adapters) > self.keep_adapters:  # bound memory: drop the oldest idle adapter
-            old = next(v for v in self._adapters if v != version and v != self._active)
-            self._peft.delete_adapter(old)
-            del self._adapters[old]
+            idle = [v for v in self._adapters if v != self._active]
+            if len(self._adapters) >= self.keep_adapters and idle:
+                old = idle[0]  # the least recently used idle version gives up its slot
+                slot = self._adapters.pop(old)[1]
+                if self._slots[slot] == layout:
+                    self._copy_into(slot, path)
+                    self._adapters[version] = (path, slot)
+                    return
+                self._free(slot)
+            slot = self._new_slot()
+            self._peft.load_adapter(path, adapter_name=slot, is_trainable=False)
+        self._slots[slot] = layout
+        self._adapters[version] = (path, slot)
+
+    def _copy_into(self, slot: str, path: str) -> None:
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        f = Path(path) / "adapter_model.safetensors"
+        if f.exists():
+            sd = load_file(str(f))
+        else:
+            sd = torch.load(Path(path) / "adapter_model.bin", map_location="cpu", weights_only=True)
+        params = self._param_map(slot)
+        if set(sd) == set(params) and all(sd[k].shape == params[k].shape for k in sd):
+            with torch.no_grad():
+                for k, t in sd.items():
+                    params[k].copy_(t)
+        else:  # unusual key layout: let peft map it
+            set_peft_model_state_dict(self._peft, sd, adapter_name=slot)
+
+    def _param_map(self, slot: str) -> dict:
+        """Saved-adapter key -> this slot's tensor (peft saves keys without the adapter name)."""
+        cache = self.__dict__.setdefault("_pmaps", {})
+        if slot not in cache:
+            tag = f".{slot}."
+            cache[slot] = {n.replace(tag, "."): p for n, p in self._peft.named_parameters() if tag in n}
+        return cache[slot]
+
+    def _new_slot(self) -> str:
+        self._slot_counter = getattr(self, "_slot_counter", 0) + 1
+        return f"slot{self._slot_counter}"
+
+    def _free(self, slot: str) -> None:
+        self._peft.delete_adapter(slot)
+        self._slots.pop(slot, None)
+        self.__dict__.get("_pmaps", {}).pop(slot, None)
 
     def _net(self):
         """The module to call, inside a context that disables adapters when the base is active."""
