@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -61,7 +62,9 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
-def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> dict[str, float]:
+def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path,
+             emit: Any = lambda out: None) -> dict[str, float]:
+    """All figures for one size; `emit` receives the figures so far after each stage."""
     from memory import MemoryService
 
     rng = random.Random(seed)
@@ -93,6 +96,7 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
     out["write_texts_embedded"] = svc.embedder.misses - misses
     out["items_stored"] = sum(svc.ledger.count_items().values())
     out["largest_tenant_items"] = max(len(svc.vec.ids(t)) for t in tenants)
+    emit(out)
     # -- retrieval latency: hybrid, query embedding included, unseen queries --------------
     lat = []
     qrng = random.Random(seed + 1)
@@ -116,6 +120,7 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
     out["search_excl_embedding_p50_ms"] = pct(lat2, 50)
     out["search_excl_embedding_p95_ms"] = pct(lat2, 95)
     out["search_p95_vs_zep_155ms"] = out["search_p95_ms"] / 155.0
+    emit(out)
     # -- rollback touching rb_items items: retire them, then roll back --------------------
     ids = [it.id for t in tenants for it in svc.items(t)][:rb_items]
     v = svc.version
@@ -125,6 +130,7 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
     out["rollback_s"] = time.perf_counter() - t0
     out["rollback_items"] = res["items"]
     assert res["items"] == len(ids), res
+    emit(out)
     # -- rollback undoing a bulk ingest of rb_items new items (their vectors are deleted) ----
     v2 = svc.version
     extra = [{"tenant": "rollback-probe", "text": texts[i % len(texts)], "kind": "task_experience",
@@ -135,9 +141,11 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
     res = svc.rollback(v2, reason="benchmark")
     out["rollback_undo_adds_s"] = time.perf_counter() - t0
     assert res["items"] == rb_items and svc.vec.ids("rollback-probe") == [], res
+    emit(out)
     # -- rebuild every projection from the ledger -----------------------------------------
     res2 = svc.rebuild()
     out["rebuild_s"], out["rebuild_re_embedded"] = res2["seconds"], res2["re_embedded"]
+    emit(out)
     # -- duplicate rate after a 3x replayed ingest ----------------------------------------
     drng = random.Random(seed + 2)
     episodes = [note(drng) for _ in range(max(100, n // 100))]
@@ -162,6 +170,7 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
             per_ep[e] = per_ep.get(e, 0) + 1
     out["duplicate_rate"] = sum(c - 1 for c in per_ep.values()) / len(per_ep)
     out["over_merge_rate"] = merged_wrongly / len(items)
+    emit(out)
     # -- cross-tenant hits: tenant-0 searches with texts only tenant-1 holds ----------------
     secrets = [f"Private note {j}: customer of tenant-1 keeps code K-{j * 7919 % 10007} in {c}"
                for j, c in zip(range(50), CITIES * 5)]
@@ -170,6 +179,7 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path) -> di
     out["cross_tenant_hits"] = sum(h.item.tenant != tenants[0]
                                    for q in probes for h in svc.search(tenants[0], q, k=10))
     out["cross_tenant_probes"] = len(probes)
+    emit(out)
     # -- hits left after forgetting a tenant ----------------------------------------------
     gone = [it.text for it in svc.items(tenants[2])[:50]]
     svc.forget_tenant(tenants[2])
@@ -203,10 +213,13 @@ def main() -> None:
     }
     t0 = time.perf_counter()
     try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         for n in sizes:
-            res.update(run_size(n, min(rb, n), nq, args.seed, root))
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(res, indent=2))  # partial results survive
+            def emit(out: dict[str, float], n: int = n) -> None:  # partial results survive
+                Path(args.out).write_text(json.dumps(res | {f"n{n}_{k}": v for k, v in out.items()},
+                                                     indent=2))
+            res.update(run_size(n, min(rb, n), nq, args.seed, root, emit))
+            Path(args.out).write_text(json.dumps(res, indent=2))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     res["total_s"] = time.perf_counter() - t0
