@@ -225,7 +225,8 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             t1 = time.perf_counter()
             trajs = [g.trajectories for g in groups]
             rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
-            sft: list[Row] = correction_rows(trajs, learner.tokenizer) if cfg.sft_coef else []
+            # corrections count even from all-equal groups: that is where reward gives no signal
+            sft: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
             lstats = learner.step(rows, sft)
             version += 1
             step += 1
