@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_demo_tiny_end_to_end(tmp_path):
     out = tmp_path / "demo"
     evolve = str(Path(sys.executable).parent / "evolve")
     p = subprocess.run([evolve, "demo", "--preset", "tiny", "--mode", "full", "--out", str(out)],
-                       capture_output=True, text=True, timeout=880,
+                       capture_output=True, text=True, timeout=1700,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
     rep = json.loads((out / "report.json").read_text())

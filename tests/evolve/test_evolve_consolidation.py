@@ -9,7 +9,7 @@ from evolve.consolidation import KINDS, consolidate
 from evolve.cycle import CycleConfig
 from evolve.mining import mine_items
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_consolidation_retires_only_items_the_policy_handles(competent, data_dir, tiny_policy, tmp_path):

@@ -17,11 +17,11 @@ import pytest
 
 from evolve.cycle import FAULT_ENV, STAGES, CycleConfig, CycleState, dry_run, run_cycle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
-    base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=2, gate_tasks=8,
+    base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
                 groups_per_step=2, max_turns=4, consolidate_tasks=2, seed=0)
     return CycleConfig(**{**base, **kw})
 
@@ -84,7 +84,7 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     rep = json.loads((folder / "report.json").read_text())
     assert set(rep["gate"]["slices"]) == {"current", "old_rules", "held_out"}
     n = {k: s["n"] for k, s in rep["gate"]["slices"].items()}
-    assert n["current"] == n["held_out"] == 8
+    assert n["current"] == n["held_out"] == 4
     promoted = registry(d).current_version() != "base"
     assert promoted == (state.outcome == "promoted")
 

@@ -7,25 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from evolve.service_proc import Service
 
 TOKENS = {"alice": "tok-alice-0001", "bob": "tok-bob-00002", "admin": "tok-admin-0003"}
 EVOLVE_TOKENS = "tok-alice-0001=alice,tok-bob-00002=bob,tok-admin-0003=ops:admin"
-EVOLVE = str(Path(sys.executable).parent / "evolve")
 WORLD = {"world": "driftbench/retail-v1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -39,57 +29,20 @@ def tiny_policy(tmp_path_factory) -> Path:
     return Path(ensure_coldstart(tmp_path_factory.mktemp("policy") / "tiny", "tiny", seed=0))
 
 
-class ServerProc:
-    """`evolve serve` in a subprocess; `kill()` is a real SIGKILL."""
+class ServerProc(Service):
+    """`evolve serve` in a subprocess (evolve/service_proc.py) with small budgets; `kill()` is a real SIGKILL."""
 
     def __init__(self, data_dir: Path, engine: str, *extra: str):
-        self.data_dir, self.engine, self.extra = Path(data_dir), engine, extra
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 180) -> "ServerProc":
-        self.port = free_port()
-        env = {**os.environ, "EVOLVE_TOKENS": EVOLVE_TOKENS, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "ANONYMIZED_TELEMETRY": "False"}
-        self.log = open(self.data_dir.parent / f"{self.data_dir.name}-server-{self.port}.log", "w")
-        self.proc = subprocess.Popen(
-            [EVOLVE, "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), "--engine", self.engine,
-             "--max-turns", "6", "--max-new-tokens", "24", *self.extra],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.read_log()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server did not answer within {timeout}s: {self.read_log()[-3000:]}")
+        super().__init__(data_dir, engine, EVOLVE_TOKENS, "--max-turns", "6", "--max-new-tokens", "24", *extra)
 
     def read_log(self) -> str:
-        return Path(self.log.name).read_text()
+        return self.log_path.read_text()
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handlers, no flushing; what is committed is all that survives."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
 
 
 @pytest.fixture(scope="session")
