@@ -157,12 +157,12 @@ class Learner:
         return out
 
     # ---- update ---------------------------------------------------------------------------
-    def step(self, rows: list[Row], sft_rows: Sequence[Row] = ()) -> dict[str, float]:
+    def step(self, rows: list[Row], sft_rows: Sequence[Row] = ()) -> dict[str, float | None]:
         """One optimizer update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)."""
         s = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         total_tok = sum(len(r.completion_ids) for r in rows)
-        stats: dict[str, float] = {}
+        stats: dict[str, float | None] = {}
         weighted: dict[str, float] = {}
         ent_tok = loss_sum = 0.0
         for mb in self._micro_batches(rows):
@@ -188,7 +188,7 @@ class Learner:
         for k, v in weighted.items():
             stats[k] = v / max(total_tok, 1)
         stats["loss"] = loss_sum
-        stats["entropy"] = ent_tok / max(total_tok, 1)
+        stats["entropy"] = ent_tok / total_tok if total_tok else None  # no policy-gradient tokens this step
         stats["tokens"] = float(total_tok)
         stats["sft_rows"] = float(len(sft_rows))
         if sft_rows and s.sft_coef:
