@@ -128,7 +128,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     new_rules = {cand_label: _mean(promoted_no_mem),
                  "cold-start policy, no memory": _mean(static[c:]),
                  "memory only (cold-start + memory)": _mean(arms["memory only"][c:]),
-                 "memory + evolve (promoted + memory)": _mean(arms["memory + evolve"][c:])}
+                 ("memory + evolve (promoted + memory)" if promoted else
+                  "memory + evolve (nothing promoted: cold-start + the cycle's memory)"): _mean(arms["memory + evolve"][c:])}
     gate_slices = (gate_out.get("gate") or {}).get("slices", {})
     old = gate_slices.get("old_rules")
     forgetting = (old["current"] - old["candidate"]) * 100 if old else None
