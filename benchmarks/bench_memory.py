@@ -63,7 +63,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path,
-             emit: Any = lambda out: None) -> dict[str, float]:
+             emit: Any = lambda out: None, probes: int = 50) -> dict[str, float]:
     """All figures for one size; `emit` receives the figures so far after each stage."""
     from memory import MemoryService
 
@@ -173,15 +173,15 @@ def run_size(n: int, rb_items: int, n_queries: int, seed: int, root: Path,
     emit(out)
     # -- cross-tenant hits: tenant-0 searches with texts only tenant-1 holds ----------------
     secrets = [f"Private note {j}: customer of tenant-1 keeps code K-{j * 7919 % 10007} in {c}"
-               for j, c in zip(range(50), CITIES * 5)]
+               for j, c in zip(range(probes), CITIES * 5)]
     svc.add_many([{"tenant": tenants[1], "text": x, "kind": "user_preference"} for x in secrets])
-    probes = secrets + [it.text for it in svc.items(tenants[1])[:50]]
+    queries = secrets + [it.text for it in svc.items(tenants[1])[:probes]]
     out["cross_tenant_hits"] = sum(h.item.tenant != tenants[0]
-                                   for q in probes for h in svc.search(tenants[0], q, k=10))
-    out["cross_tenant_probes"] = len(probes)
+                                   for q in queries for h in svc.search(tenants[0], q, k=10))
+    out["cross_tenant_probes"] = len(queries)
     emit(out)
     # -- hits left after forgetting a tenant ----------------------------------------------
-    gone = [it.text for it in svc.items(tenants[2])[:50]]
+    gone = [it.text for it in svc.items(tenants[2])[:probes]]
     svc.forget_tenant(tenants[2])
     out["load_avg_end"] = os.getloadavg()[0]
     out["hits_after_forget"] = (sum(len(svc.search(tenants[2], q, k=10)) for q in gone)
@@ -218,7 +218,7 @@ def main() -> None:
             def emit(out: dict[str, float], n: int = n) -> None:  # partial results survive
                 Path(args.out).write_text(json.dumps(res | {f"n{n}_{k}": v for k, v in out.items()},
                                                      indent=2))
-            res.update(run_size(n, min(rb, n), nq, args.seed, root, emit))
+            res.update(run_size(n, min(rb, n), nq, args.seed, root, emit, 10 if args.quick else 50))
             Path(args.out).write_text(json.dumps(res, indent=2))
     finally:
         shutil.rmtree(root, ignore_errors=True)
