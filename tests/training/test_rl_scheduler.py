@@ -8,6 +8,7 @@ from training.rl.scheduler import BROKEN, RETIRED, SchedulerConfig, TaskSchedule
 
 
 def _sched(**kw) -> TaskScheduler:
+    kw.setdefault("max_benched", 1.0)
     s = TaskScheduler(SchedulerConfig(min_attempts=8, cooldown=5, **kw))
     for t in ("easy", "hard", "mid"):
         s.add_task(t)
@@ -86,3 +87,17 @@ def test_state_round_trips():
     r = TaskScheduler.from_state_dict(s.state_dict())
     assert r.state_dict() == s.state_dict()
     assert r.sample(20, random.Random(3)) == s.sample(20, random.Random(3))
+
+
+def test_a_failing_pool_is_not_benched_wholesale():
+    """Right after a shift every task fails: only up to `max_benched` of the pool sits out."""
+    s = TaskScheduler(SchedulerConfig(min_attempts=4, max_benched=0.5))
+    for i in range(6):
+        s.add_task(f"t{i}")
+        s.add_task(f"old{i}", replay=True)
+    for i in range(6):
+        s.update(f"t{i}", [0.0] * 4)
+    assert s.counts()["broken"] == 3
+    assert len(set(s.sample(60, random.Random(0))) - {f"old{i}" for i in range(6)}) == 3
+    s.update("old0", [1.0] * 4)  # the replay pool has its own budget
+    assert s.tasks["old0"].status == RETIRED

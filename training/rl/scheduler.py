@@ -31,6 +31,7 @@ class SchedulerConfig:
     target_zero_var: float = 0.3
     replay_share: float = 0.2
     success_reward: float = 1.0  # reward at or above which a sample counts as solved
+    max_benched: float = 0.5  # never bench more than this share of a pool (current or replay) at once
 
 
 @dataclass
@@ -73,12 +74,19 @@ class TaskScheduler:
         st.attempts += len(rewards)
         if st.status != ACTIVE or st.attempts < self.cfg.min_attempts:
             return
-        if st.success >= self.cfg.retire_above:
+        if st.success >= self.cfg.retire_above and self._may_bench(st):
             self._bench(st, RETIRED)
-        elif st.success <= self.cfg.break_below:
+        elif st.success <= self.cfg.break_below and self._may_bench(st):
             self._bench(st, BROKEN)
-        else:
+        elif self.cfg.break_below < st.success < self.cfg.retire_above:
             st.strikes = 0
+
+    def _may_bench(self, st: TaskStats) -> bool:
+        """Benching is for outliers: when most of a pool is already out (right after a shift every
+        task fails), the rest stays in play rather than the whole pool sitting out."""
+        pool = [s for s in self.tasks.values() if s.replay == st.replay]
+        benched = sum(s.status != ACTIVE for s in pool)
+        return benched + 1 <= self.cfg.max_benched * len(pool)
 
     def _bench(self, st: TaskStats, status: str) -> None:
         st.strikes += 1
