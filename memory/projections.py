@@ -194,9 +194,12 @@ class VectorProjection:
                    for c in self.client.list_collections() if c.name != META)
 
     def close(self) -> None:
-        if self.path is not None and not self.http_url:
-            self._cols.clear()
-            release_chroma(self.path)
+        """Release this client; chromadb stops the shared system when its last client closes."""
+        self._cols.clear()
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001 - already closed
+            pass
 
     def set_last_seq(self, seq: int) -> None:
         self.meta.modify(metadata={"last_seq": int(seq)})

@@ -135,3 +135,16 @@ def test_reopen_catches_up_and_keeps_everything(open_service):
     assert sorted(s2.vec.ids("alice")) == sorted(i.id for i in items)
     assert s2.search("alice", "French replies", k=1)[0].item.id == items[2].id
     assert s2.embedder.misses == 0  # nothing re-embedded on reopen
+
+
+def test_two_services_on_one_data_dir_in_one_process(tmp_path):
+    from memory import MemoryService
+
+    a = MemoryService(tmp_path / "mem")
+    b = MemoryService(tmp_path / "mem")
+    it = a.add("alice", "Shared memories are visible to every service on the same ledger")
+    assert b.search("alice", "shared memories ledger", k=1)[0].item.id == it.id
+    a.close()  # closing one must not break the other
+    it2 = b.add("alice", "The second service keeps working after the first closed")
+    assert b.search("alice", "second service keeps working", k=1)[0].item.id == it2.id
+    b.close()
