@@ -19,10 +19,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,34 +27,9 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from evolve.service_proc import Service
+
 TOKEN = "bench-token-0001"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(data_dir: Path, engine: str, max_turns: int, max_new_tokens: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "EVOLVE_TOKENS": f"{TOKEN}=bench", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(data_dir.parent / "server.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "evolve"), "serve", "--port", str(port),
-                             "--data-dir", str(data_dir), "--engine", engine, "--max-turns", str(max_turns),
-                             "--max-new-tokens", str(max_new_tokens)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(900):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {(data_dir.parent / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("server did not start")
 
 
 async def user(client, seed: int, episodes: int, lat: list[float], calls: list[int], errors: list[str]) -> None:
@@ -172,7 +144,8 @@ def main() -> None:
     episodes = 1 if args.quick else 3
     levels = [int(x) for x in args.users.split(",")]
     data = work / f"data-{int(time.time())}"
-    proc, url = start_server(data, engine, max_turns, max_new)
+    svc = Service(data, engine, f"{TOKEN}=bench", "--max-turns", str(max_turns), "--max-new-tokens", str(max_new))
+    url = svc.start().url
     out: dict = {"quick": args.quick, "engine": engine, "max_turns": max_turns, "max_new_tokens": max_new,
                  "episodes_per_user": episodes, "cpus": os.cpu_count()}
     try:
@@ -187,8 +160,7 @@ def main() -> None:
                                   if ln.startswith(("evolve_agent_turn_seconds_sum", "evolve_agent_turn_seconds_count",
                                                     "evolve_runs_total"))]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        svc.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}, indent=2))
