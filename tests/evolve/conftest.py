@@ -61,5 +61,5 @@ def competent(tiny_policy) -> float:
     rate = sum(t.outcome == "success" for t in trajs) / len(trajs)
     if rate == 0:
         pytest.skip("the `tiny` cold-start policy solves 0/8 first-rule tasks here, so no adapter trained "
-                    "from it can show a gain; learning is shown by `evolve demo` on the `small` preset")
+                    "from it can show a gain; showing learning needs a policy that can act (the `small` preset of `evolve demo`)")
     return rate
