@@ -54,6 +54,14 @@ class _RegistryFile(BaseModel):
     versions: dict[str, PolicyRecord] = Field(default_factory=dict)
 
 
+def _record(reg: _RegistryFile, version: str) -> PolicyRecord:
+    """The record of `version`, or UnknownPolicyVersion: the one lookup every verb shares."""
+    rec = reg.versions.get(version)
+    if rec is None:
+        raise UnknownPolicyVersion(version)
+    return rec
+
+
 class PolicyRegistry:
     """Read and change the registry file; every method re-reads it (other processes write it)."""
 
@@ -91,10 +99,7 @@ class PolicyRegistry:
         return sorted(self._read().versions.values(), key=lambda r: r.created_at)
 
     def get(self, version: str) -> PolicyRecord:
-        reg = self._read()
-        if version not in reg.versions:
-            raise UnknownPolicyVersion(version)
-        return reg.versions[version]
+        return _record(self._read(), version)
 
     def current(self) -> PolicyRecord | None:
         """The serving version, or None when the base model serves."""
@@ -153,9 +158,7 @@ class PolicyRegistry:
     def promote(self, version: str, reason: str = "") -> PolicyRecord:
         """Make `version` serve. Promoting the serving version again is a no-op."""
         with self._edit() as reg:
-            rec = reg.versions.get(version)
-            if rec is None:
-                raise UnknownPolicyVersion(version)
+            rec = _record(reg, version)
             if reg.current == version:
                 return rec
             self._set(rec, "promoted", reason or "promoted")
@@ -165,9 +168,7 @@ class PolicyRegistry:
 
     def reject(self, version: str, reason: str = "") -> PolicyRecord:
         with self._edit() as reg:
-            rec = reg.versions.get(version)
-            if rec is None:
-                raise UnknownPolicyVersion(version)
+            rec = _record(reg, version)
             if reg.current == version:
                 raise ValueError(f"{version!r} is serving: roll it back instead of rejecting it")
             self._set(rec, "rejected", reason or "rejected")
