@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from memory.ledger import IT, Change
 from memory.models import KINDS, STATUSES, InvalidInput, MemoryItem, Provenance
-from memory.projections import live_where
 from memory.text import content_hash, extract_entities, signature
 
 if TYPE_CHECKING:
@@ -155,13 +154,8 @@ def near_duplicates(svc: "MemoryService", items: list[MemoryItem], vecs: np.ndar
         by_tenant.setdefault(it.tenant, []).append(i)
     cand: dict[int, list[tuple[str, float]]] = {}
     for tenant, idx in by_tenant.items():
-        col = svc.vec.col(tenant, create=False)
-        if col is None or col.count() == 0:
-            continue
-        r = col.query(query_embeddings=vecs[idx], n_results=min(3, col.count()),
-                      where=live_where(), include=["distances"])
-        for i, ids, ds in zip(idx, r["ids"], r["distances"]):
-            cand[i] = [(x, 1.0 - d) for x, d in zip(ids, ds) if 1.0 - d >= svc.cfg.dedup_threshold]
+        for i, near in zip(idx, svc.vec.query(tenant, vecs[idx], 3)):
+            cand[i] = [(x, s) for x, s in near if s >= svc.cfg.dedup_threshold]
     need = {x for c in cand.values() for x, _ in c}
     found = svc.ledger.get_many(need) if need else {}
     for i, c in cand.items():

@@ -97,6 +97,8 @@ class EmbeddingCacheRow(SQLModel, table=True):
     vec: bytes
 
 
+# memory_item columns fixed for an item's life (its id derives from tenant, or namespace and key)
+FIXED_COLS = frozenset({"id", "b_id", "tenant", "ns", "key", "created_seq"})
 TABLES = [t.__table__ for t in (MemoryEvent, MemoryItemRow, MemoryItemLink, TrajectoryRow,
                                 FeedbackRow, EmbeddingCacheRow)]
 EV, IT, LK, TR, FB, EC = TABLES
@@ -144,6 +146,7 @@ class Ledger:
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.execute("PRAGMA busy_timeout=60000")
                 cur.execute("PRAGMA secure_delete=ON")  # forget: deleted text is zeroed on disk
+                cur.execute("PRAGMA cache_size=-65536")  # 64 MiB: bulk updates hit many index pages
                 cur.close()
         SQLModel.metadata.create_all(self.engine, tables=TABLES)
         self.fresh: dict[str, tuple[int, MemoryItem]] = {}  # item -> (seq, state) just committed
@@ -174,13 +177,16 @@ class Ledger:
                     self.fresh[ch.item.id] = (sq, ch.item)
             return seqs
         now = time.time()
+        for c in changes:
+            if c.item is not None:
+                c.item.version = max(c.item.version, 0)
+        snaps = [c.item.model_dump_json() if c.item else None for c in changes]  # dumped once
         rows = [{
             "ts": now, "type": c.type, "tenant": c.tenant,
             "item_id": c.item.id if c.item else None,
             "trajectory_id": c.trajectory_id, "cycle": c.cycle,
-            "data": json.dumps(c.data, default=str),
-            "snapshot": c.item.model_dump_json() if c.item else None,
-        } for c in changes]
+            "data": json.dumps(c.data, default=str), "snapshot": snap,
+        } for c, snap in zip(changes, snaps)]
         if self.is_sqlite:  # one executemany; writers are serialised, so the new seqs are > top
             top = conn.execute(sa.select(sa.func.max(EV.c.seq))).scalar() or 0
             conn.execute(sa.insert(EV), rows)
@@ -190,16 +196,15 @@ class Ledger:
         else:
             res = conn.execute(sa.insert(EV).returning(EV.c.seq, sort_by_parameter_order=True), rows)
             seqs = [r[0] for r in res]
-        latest: dict[str, tuple[MemoryItem, int]] = {}
-        for c, s in zip(changes, seqs):
-            if c.item is not None:
-                c.item.version = max(c.item.version, 0)
-                latest[c.item.id] = (c.item, s)
+        latest: dict[str, tuple[MemoryItem, int, str]] = {}
+        for c, s, snap in zip(changes, seqs, snaps):
+            if c.item is not None and snap is not None:
+                latest[c.item.id] = (c.item, s, snap)
         if latest:
             self._upsert_items(conn, latest)
         return seqs
 
-    def _upsert_items(self, conn: sa.Connection, latest: dict[str, tuple[MemoryItem, int]]) -> None:
+    def _upsert_items(self, conn: sa.Connection, latest: dict[str, tuple[MemoryItem, int, str]]) -> None:
         ids = list(latest)
         existing: dict[str, tuple[int, int, str]] = {}
         for chunk in _chunks(ids, 500):
@@ -207,23 +212,23 @@ class Ledger:
                                             IT.c.status).where(IT.c.id.in_(chunk))):
                 existing[r[0]] = (r[1], r[2], r[3])
         ins, upd = [], []
-        for iid, (item, s) in latest.items():
+        for iid, (item, s, doc) in latest.items():
             if iid in existing:
                 created, inserted, old_status = existing[iid]
                 if old_status not in LIVE_STATUSES and item.status in LIVE_STATUSES:
                     inserted = s  # re-created after a delete/retraction: LangGraph order
-                upd.append(_item_row(item, created, inserted, s) | {"b_id": iid})
+                upd.append(_item_row(item, doc, created, inserted, s) | {"b_id": iid})
             else:
-                ins.append(_item_row(item, s, s, s))
+                ins.append(_item_row(item, doc, s, s, s))
         if ins:
             conn.execute(sa.insert(IT), ins)
-        if upd:
-            cols = {k: sa.bindparam(k) for k in upd[0] if k not in ("id", "b_id")}
+        if upd:  # only columns an item can change: fewer index entries rewritten
+            cols = {k: sa.bindparam(k) for k in upd[0] if k not in FIXED_COLS}
             conn.execute(sa.update(IT).where(IT.c.id == sa.bindparam("b_id")).values(**cols), upd)
         for chunk in _chunks(ids, 500):
             conn.execute(sa.delete(LK).where(LK.c.item_id.in_(chunk)))
         links = []
-        for iid, (item, _) in latest.items():
+        for iid, (item, _, _) in latest.items():
             pairs = {(p.trajectory_id, p.cycle) for p in item.provenance}
             if item.created_by_cycle:
                 pairs.add((None, item.created_by_cycle))
@@ -397,7 +402,7 @@ class Ledger:
             return int(c.execute(sa.select(sa.func.count()).select_from(EC)).scalar() or 0)
 
 
-def _item_row(item: MemoryItem, created: int, inserted: int, updated: int) -> dict[str, Any]:
+def _item_row(item: MemoryItem, doc: str, created: int, inserted: int, updated: int) -> dict[str, Any]:
     from memory.text import content_hash, text_hash
     subject = item.payload.get("subject")
     return {
@@ -407,7 +412,7 @@ def _item_row(item: MemoryItem, created: int, inserted: int, updated: int) -> di
         "subject": str(subject) if subject is not None else None,
         "ns": NS_SEP.join(item.namespace) if item.namespace else None, "key": item.key,
         "created_seq": created, "inserted_seq": inserted, "updated_seq": updated,
-        "doc": item.model_dump_json(),
+        "doc": doc,
     }
 
 

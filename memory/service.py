@@ -81,7 +81,8 @@ class MemoryService:
 
     # ---- projections --------------------------------------------------------------------
     def _check_vector_consistency(self) -> None:
-        """A vector store that lost rows (deleted files, partial restore) is rebuilt, loudly."""
+        """A vector store that lost rows (deleted files, partial restore) is rebuilt, loudly.
+        Runs after the first sync: the live set it compares against comes from that sync."""
         if self.vec.last_seq == 0:
             if self.vec.fresh and self.ledger.max_seq() > 0:
                 msg = (f"vector projection at {self.vec.path} is missing; rebuilding it from the "
@@ -89,21 +90,28 @@ class MemoryService:
                 log.warning(msg)
                 self.notices.append(msg)
             return
+        if self.vec.last_seq > self.ledger.max_seq():
+            self._vector_rebuild(f"vector projection is ahead of the ledger (version "
+                                 f"{self.vec.last_seq} > {self.ledger.max_seq()})")
+            return
+        self.sync()
         live = sum(n for s, n in self.ledger.count_items().items() if s in LIVE_STATUSES)
         have = self.vec.count()
-        if self.vec.last_seq > self.ledger.max_seq() or (have != live and self.vec.last_seq ==
-                                                          self.ledger.max_seq()):
-            msg = (f"vector projection disagrees with the ledger ({have} vectors, {live} live "
-                   f"items); rebuilding it from the ledger")
-            log.warning(msg)
-            self.notices.append(msg)
-            self.vec.reset()
+        if have != live:
+            self._vector_rebuild(f"vector projection disagrees with the ledger ({have} vectors, "
+                                 f"{live} live items)")
+
+    def _vector_rebuild(self, why: str) -> None:
+        msg = f"{why}; rebuilding it from the ledger"
+        log.warning(msg)
+        self.notices.append(msg)
+        self.vec.reset()
 
     def sync(self) -> int:
         """Bring every projection up to the ledger's version; returns that version."""
         with self._lock:
             top = self.ledger.max_seq()
-            lo = min(self.vec.last_seq, self.graph.last_seq, self.kw_seq)
+            lo = min(self.vec.last_seq, self.vec.live_seq, self.graph.last_seq, self.kw_seq)
             if lo >= top:
                 return top
             touched, forgotten, top = self.ledger.touched_since(lo)
@@ -121,7 +129,7 @@ class MemoryService:
                 self.graph.apply(tenant, items)
                 self.kw.apply(tenant, items)
             self.vec.set_last_seq(top)
-            self.kw_seq = top
+            self.vec.live_seq = self.kw_seq = top
             self.graph.last_seq = top
             if self.graph.dirty >= self.cfg.graph_save_every:
                 self.graph.save(top)
@@ -237,7 +245,7 @@ class MemoryService:
 
     def retire_many(self, item_ids: list[str], reason: str, *, tenant: str | None = None) -> int:
         """Retire many items in one transaction (consolidation retires in bulk)."""
-        with self._lock:
+        with self._lock, lifecycle.paused_gc():
             found = self.ledger.get_many(item_ids)
             missing = [i for i in item_ids if i not in found or (tenant and found[i].tenant != tenant)]
             if missing:
@@ -252,8 +260,10 @@ class MemoryService:
                 it.updated_at = now
                 changes.append(Change("retired", it.tenant, it, {"reason": reason}))
             self.ledger.commit(changes)
+            n = len(changes)
+            del changes, found  # freed before the collector resumes
             self.sync()
-            return len(changes)
+            return n
 
     def supersede(self, old_id: str, new_text: str | None = None, *, new_id: str | None = None,
                   tenant: str | None = None, **add_kw: Any) -> MemoryItem:
@@ -303,7 +313,7 @@ class MemoryService:
         at = time.time() if at is None else at
         n = max(4 * k, 20)
         qv = self.embedder.query(query)
-        vec = dict(self.vec.query(tenant, qv, n, kinds))
+        vec = dict(self.vec.query(tenant, qv, n, kinds)[0])
         kw = dict(self.kw.query(tenant, query, n))
         gr: dict[str, float] = {}
         if graph:  # one hop from the query's own entities, and from the strongest hits'
