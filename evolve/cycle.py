@@ -37,6 +37,7 @@ class CycleConfig:
     groups_per_step: int = 4
     lr: float = 2e-4
     sft_coef: float = 1.0               # weight of the users' corrections in each RL step
+    pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.25          # share of older-rule tasks replayed during training

@@ -130,6 +130,23 @@ def experience(ctx: CycleContext) -> dict:
 
 
 # ---- 3. train ------------------------------------------------------------------------------------
+def logged_experience(exp_dir: Path, policy: Path) -> tuple[list, list]:
+    """The experience stage's files as training input: SFT rows (approved successes, with their
+    sampled ids; corrections, the user's action as the target) and DPO preference pairs."""
+    from training.policy import load_tokenizer
+    from training.rl.learner import PrefPair, Row
+    from training.rl.runner import action_target_ids
+
+    tok = load_tokenizer(policy)
+    sft = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
+           for r in _read_jsonl(exp_dir / "sft.jsonl")]
+    sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
+            for r in _read_jsonl(exp_dir / "corrections.jsonl")]
+    pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
+                      r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
+    return sft, pairs
+
+
 def train(ctx: CycleContext) -> dict:
     from dynamic_bench.schema import Task
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
@@ -146,9 +163,12 @@ def train(ctx: CycleContext) -> dict:
         if r["replay"]:
             pool.replay.add(t.id)
     base = base_policy(cfg)
+    if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
+        pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base)
     rl = RLConfig(model=str(base), out_dir=str(ctx.dir / "train"), env_id=f"driftbench/{cfg.domain}-v1",
                   steps=cfg.rl_steps, groups_per_step=cfg.groups_per_step, seed=cfg.seed,
-                  sft_coef=cfg.sft_coef, explore_eps=cfg.explore_eps, replay_share=cfg.replay_share,
+                  sft_coef=cfg.sft_coef, pref_coef=cfg.pref_coef, explore_eps=cfg.explore_eps,
+                  replay_share=cfg.replay_share,
                   n_workers=1, eta=0, lr=cfg.lr, max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()
     adapter = train_rl(rl, pool=pool)
@@ -166,6 +186,7 @@ def train(ctx: CycleContext) -> dict:
     m = read_metrics(ctx.dir / "train")
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
             "final_reward_mean": m[-1].get("reward_mean") if m else None,
+            "logged_sft_rows": len(pool.sft_rows), "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay)}
 
 

@@ -64,6 +64,7 @@ class Scaffold:
     """How prompts are laid out and completions read. Subclasses change the completion format."""
 
     name: str = "direct"
+    format_hint: str = "Answer with one action."  # tells the model which completion format to write
     max_memory_items: int = MAX_MEMORY_ITEMS
     bos: bool = True
     _sep: str = field(default="\n", repr=False)
@@ -73,7 +74,7 @@ class Scaffold:
         sigs = "\n".join(tool_signature(t) for t in tools) + "\nreply(text:str)"
         items = [_clip(m, MAX_ITEM_CHARS) for m in list(memory)[: self.max_memory_items]]
         notes = "\n".join(f"- {m}" for m in items) if items else "none"
-        return f"{SYSTEM}{policy_text.strip()}{TOOLS}{sigs}{MEMORY}{notes}"
+        return f"{SYSTEM}{policy_text.strip()}\n{self.format_hint}{TOOLS}{sigs}{MEMORY}{notes}"
 
     def user_text(self, text: str) -> str:
         return f"{USER}{_clip(text, MAX_OBS_CHARS)}{ASSISTANT}"
@@ -155,6 +156,7 @@ class PlanActScaffold(Scaffold):
     """The model writes `plan: ...` on one line, then the action line."""
 
     name: str = "plan_act"
+    format_hint: str = "Answer with a plan line, then one action."
 
     def completion_text(self, action_text: str, plan: str | None = None) -> str:
         return f"{PLAN_PREFIX} {(plan or 'act').strip()}\n{action_text.strip()}{END}"

@@ -1,6 +1,12 @@
 """Cold start: SFT of the built-in policy on DriftBench oracle episodes (training/sft_data.py).
 
-Loss on completion tokens only. Resumable: a checkpoint (model, optimizer, scheduler, step)
+Loss on completion tokens, plus a down-weighted language-model loss on the context tokens
+(`context_loss_weight`): a model trained from scratch must first learn to copy ids (an order id
+from the request into a tool call), and observations that repeat ids give it that practice; on
+completions alone the copying did not emerge within 400 steps of the `small` preset. A short
+warm-up on synthetic copy sequences (`copy_warmup_steps`: ids in a sentence, then the same ids in
+tool-call form) forms the copying circuit first; measured on the `small` model, that circuit
+appears after ~250 steps at lr 1e-3 and not within 600 at 3e-3. Resumable: a checkpoint (model, optimizer, scheduler, step)
 is written atomically every `save_every` steps and picked up by the next run with the same
 config. `ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face
 folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
@@ -34,6 +40,8 @@ class ColdStartConfig:
     warmup_steps: int = 30
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    context_loss_weight: float = 0.2  # LM loss on prompt/observation tokens, relative to completions
+    copy_warmup_steps: int = 0  # steps on synthetic id-copy sequences before the SFT (batch 32, short)
     max_len: int = 1024
     save_every: int = 50
     num_threads: int = 2
@@ -43,8 +51,8 @@ class ColdStartConfig:
 PRESET_CONFIGS = {
     "tiny": ColdStartConfig(preset="tiny", n_examples=200, n_corpus=200, max_steps=20, batch_size=8,
                             save_every=10),
-    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=450, batch_size=16,
-                             lr=3e-3, save_every=50),
+    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=1500, batch_size=16,
+                             lr=1e-3, context_loss_weight=0.3, copy_warmup_steps=300, save_every=50),
 }
 
 
@@ -98,6 +106,48 @@ def _batches(data: list[tuple[list[int], list[int]]], cfg: ColdStartConfig, step
     return ids, att, labels
 
 
+def copy_batch(tokenizer, rng: random.Random, n: int = 32):
+    """(ids, labels) of `n` synthetic copy sequences: a request naming ids (DriftBench's formats)
+    among distractor numbers, then those ids in tool-call form (the loss is on that part only)."""
+    import torch
+
+    from training.policy import ASSISTANT, USER
+
+    rows = []
+    for _ in range(n):
+        a = f"{rng.choice('OA')}-{rng.randint(100, 9999)}"
+        b = f"{rng.choice('UL')}-{rng.randint(10, 9999)}"
+        nums = " ".join(f"{rng.choice(['days', 'amount', 'hours', 'due'])}={rng.randint(0, 300)}" for _ in range(3))
+        context = f"{USER}please check {a}, my id is {b}. {nums}{ASSISTANT}"
+        target = f'lookup {{"id":"{a}"}} then {{"id":"{b}"}}'
+        x = tokenizer.encode(context, add_special_tokens=False)
+        y = tokenizer.encode(target, add_special_tokens=False)
+        rows.append((x + y, len(x)))
+    width = max(len(r) for r, _ in rows)
+    ids = torch.full((n, width), int(tokenizer.pad_token_id or 0), dtype=torch.long)
+    labels = torch.full((n, width), -100, dtype=torch.long)
+    for i, (r, k) in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        labels[i, k:len(r)] = torch.tensor(r[k:])
+    return ids, labels
+
+
+def sft_step_loss(model, ids, att, labels, context_weight: float):
+    """Mean NLL of completion tokens (`labels` != -100) + `context_weight` × mean NLL of the other
+    real tokens (the context: policy, tools, requests, observations)."""
+    import torch
+
+    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                            reduction="none").view(ids.shape[0], -1)
+    target = (labels[:, 1:] != -100).float()
+    context = att[:, 1:].float() * (1.0 - target)
+    loss = (nll * target).sum() / target.sum().clamp(min=1.0)
+    if context_weight:
+        loss = loss + context_weight * (nll * context).sum() / context.sum().clamp(min=1.0)
+    return loss
+
+
 def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = True) -> Path:
     """Run (or resume) cold-start SFT; write `out_dir/policy` and `out_dir/DONE.json`."""
     import torch
@@ -129,26 +179,36 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
             opt.load_state_dict(state["optim"])
             step, log = state["step"], state["log"]
     t0, c0 = time.time(), time.process_time()  # CPU seconds too: wall time depends on the machine's load
-    bar = tqdm(total=cfg.max_steps, initial=step, desc=f"coldstart[{cfg.preset}]", disable=not progress)
+    total = cfg.copy_warmup_steps + cfg.max_steps
+    bar = tqdm(total=total, initial=step, desc=f"coldstart[{cfg.preset}]", disable=not progress)
     model.train()
-    while step < cfg.max_steps:
+    rng = random.Random(f"copy/{cfg.seed}")
+    for _ in range(min(step, cfg.copy_warmup_steps)):  # a resumed run continues the same copy stream
+        copy_batch(tok, rng)
+    while step < total:
         if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
             break
-        ids, att, labels = _batches(data, cfg, step)
+        if step < cfg.copy_warmup_steps:
+            ids, labels = copy_batch(tok, rng)
+            att = (ids != int(tok.pad_token_id or 0)).long()
+            lr, loss = cfg.lr, model(input_ids=ids, attention_mask=att, labels=labels).loss
+        else:
+            ids, att, labels = _batches(data, cfg, step - cfg.copy_warmup_steps)
+            lr = _lr_at(step - cfg.copy_warmup_steps, cfg)
+            loss = sft_step_loss(model, ids, att, labels, cfg.context_loss_weight)
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
-        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+            g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        log.append({"step": step, "loss": loss.item(), "lr": _lr_at(step - 1, cfg),
+        log.append({"step": step, "loss": loss.item(), "lr": lr, "phase": "copy" if step <= cfg.copy_warmup_steps else "sft",
                     "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3),
                     "cpu_s": round(time.process_time() - c0, 3)})
         bar.update(1)
         bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
-        if step % cfg.save_every == 0 or step == cfg.max_steps:
+        if step % cfg.save_every == 0 or step == total:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "log": log,
                         "config": cfg_dict}, tmp)

@@ -89,6 +89,21 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     assert promoted == (state.outcome == "promoted")
 
 
+def test_logged_experience_reaches_the_learner(clean_cycle):
+    """Corrections, approved successes and preference pairs mined from the log are trained on."""
+    from training.rl.trainer import read_metrics
+
+    d, state = clean_cycle
+    exp, tr = state.stages["experience"]["output"], state.stages["train"]["output"]
+    assert tr["logged_sft_rows"] == exp["sft_examples"] + exp["corrections"]
+    assert tr["logged_pref_pairs"] == exp["preference_pairs"]
+    assert exp["corrections"] + exp["preference_pairs"] > 0, "the simulated users corrected nothing"
+    rows = read_metrics(d / "cycles" / state.cycle_id / "train")
+    assert rows and all(r["sft_rows"] >= min(8, tr["logged_sft_rows"]) for r in rows)
+    if exp["preference_pairs"]:
+        assert all(r["pref_pairs"] > 0 and r["pref_loss"] > 0 for r in rows)
+
+
 def test_next_cycle_with_nothing_new_changes_nothing(clean_cycle, tiny_policy, tmp_path):
     d = tmp_path / "service"
     shutil.copytree(clean_cycle[0], d)

@@ -94,3 +94,31 @@ def test_supervised_corrections_raise_target_likelihood(tiny_policy, batch):
     with torch.no_grad():
         after = float(learner._forward(sft)[0].sum())
     assert st["sft_rows"] == 1.0 and after > before + 1.0
+
+
+def test_dpo_loss_follows_its_formula():
+    from training.rl.loss import dpo_loss
+
+    c, r = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    rc, rr = torch.tensor([-2.0, -2.0]), torch.tensor([-2.0, -2.0])
+    beta = 0.5
+    margin = (c - rc) - (r - rr)  # [2, -1]
+    expected = -torch.nn.functional.logsigmoid(beta * margin).mean()
+    assert float(dpo_loss(c, r, rc, rr, beta=beta)) == pytest.approx(float(expected))
+    # equal policy and reference: log 2, whatever the pair
+    assert float(dpo_loss(rc, rr, rc, rr)) == pytest.approx(float(torch.log(torch.tensor(2.0))))
+
+
+def test_preference_pairs_move_the_policy_towards_the_chosen_action(tiny_policy):
+    from training.rl.learner import PrefPair
+
+    learner = Learner(tiny_policy, lr=5e-3, seed=0, settings=LossSettings(pref_coef=1.0, dpo_beta=0.5))
+    tok = learner.tokenizer
+    prompt = tok.encode("<|user|>order O-1001 refund<|assistant|>", add_special_tokens=False)
+    chosen = tok.encode('refund_order {"order_id":"O-1001"}<|end|>', add_special_tokens=False)
+    rejected = tok.encode('escalate {"order_id":"O-1001"}<|end|>', add_special_tokens=False)
+    pair = PrefPair(prompt, chosen, rejected)
+    stats = [learner.step([], (), [pair]) for _ in range(6)]
+    assert stats[0]["pref_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=1e-4)  # B = 0: policy == ref
+    assert stats[-1]["pref_loss"] < stats[0]["pref_loss"] - 0.05
+    assert stats[-1]["pref_accuracy"] == 1.0

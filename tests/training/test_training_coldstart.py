@@ -17,7 +17,7 @@ from training.coldstart import DONE, config_for, ensure_coldstart, train_coldsta
 from training.coldstart_eval import evaluate, memory_tasks, pass_at_k
 from training.sft_data import encode_example, generate_examples
 
-TINY = dict(n_examples=120, n_corpus=80, max_steps=12, batch_size=4, save_every=4, num_threads=1)
+TINY = dict(n_examples=120, n_corpus=80, max_steps=12, batch_size=4, save_every=4, num_threads=1, copy_warmup_steps=6)
 
 
 def test_sft_data_is_diverse_and_memory_examples_follow_the_memory():
@@ -105,16 +105,18 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     cfg = config_for("tiny", 0, **TINY)
     ref = train_coldstart(tmp_path / "ref", cfg, progress=False)
     ref_log = [json.loads(x) for x in (tmp_path / "ref" / "train_log.jsonl").read_text().splitlines()]
-    assert ref_log[-1]["loss"] < ref_log[0]["loss"]
+    copy, sft = ([r["loss"] for r in ref_log if r["phase"] == ph] for ph in ("copy", "sft"))
+    assert copy[-1] < copy[0] and sft[-1] < sft[0]
 
     out = tmp_path / "killed"
     _run_killed(out, kill_after_step=4)
     assert (out / "checkpoint.pt").exists() and not (out / DONE).exists()
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
-    assert 0 < saved < cfg.max_steps
+    assert 0 < saved < cfg.copy_warmup_steps  # killed inside the copy warm-up
     train_coldstart(out, cfg, progress=False)
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, cfg.max_steps + 1))
+    assert [r["step"] for r in log] == list(range(1, cfg.copy_warmup_steps + cfg.max_steps + 1))
+    assert [r["phase"] for r in log] == ["copy"] * cfg.copy_warmup_steps + ["sft"] * cfg.max_steps
     assert [r["loss"] for r in log] == [r["loss"] for r in ref_log]  # same seed, same losses, resumed or not
     a = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "ref" / "checkpoint.pt", weights_only=False)["model"]
@@ -129,7 +131,7 @@ def test_ensure_coldstart_reuses_and_survives_a_corrupt_checkpoint(tmp_path):
     assert p1 == p2 and (tmp_path / DONE).stat().st_mtime_ns == stamp  # reused, not retrained
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     p3 = ensure_coldstart(tmp_path, "tiny", seed=0, progress=False, **{**TINY, "max_steps": 6})
-    assert json.loads((tmp_path / DONE).read_text())["steps"] == 6 and p3 == p1
+    assert json.loads((tmp_path / DONE).read_text())["steps"] == TINY["copy_warmup_steps"] + 6 and p3 == p1
 
 
 def test_pass_at_k():

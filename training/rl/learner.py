@@ -4,7 +4,9 @@ Rows are agent turns: (prompt ids, completion ids, behaviour logprobs) exactly a
 ids trained on are the ids that were sampled (token in, token out). Every turn of a trajectory
 shares the trajectory's group-relative advantage, and all turns of one trajectory form one
 "sequence" for sequence-level IS. Supervised rows (corrections from feedback: the right action
-after a rejection or an edit) are mixed into the same step with weight `sft_coef`.
+after a rejection or an edit; approved successes) are mixed into the same step with weight
+`sft_coef`, and preference pairs (chosen vs rejected action in the same state) with a DPO term
+of weight `pref_coef` against the base model (the adapter switched off).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from training.rl.loss import group_advantages, policy_loss, sft_loss
+from training.rl.loss import dpo_loss, group_advantages, policy_loss, sft_loss
 
 
 @dataclass
@@ -26,6 +28,15 @@ class Row:
     advantage: float = 0.0
     seq: int = 0  # trajectory index within the batch
     sft: bool = False
+
+
+@dataclass
+class PrefPair:
+    """One preference: in the state `prompt_ids`, `chosen_ids` is preferred to `rejected_ids`."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
 
 
 @dataclass
@@ -44,6 +55,8 @@ class LossSettings:
     scale_adv_by_std: bool = True
     temperature: float = 1.0
     sft_coef: float = 0.0
+    pref_coef: float = 0.0
+    dpo_beta: float = 0.1
     micro_batch_tokens: int = 16384
     max_grad_norm: float = 1.0
 
@@ -157,8 +170,10 @@ class Learner:
         return out
 
     # ---- update ---------------------------------------------------------------------------
-    def step(self, rows: list[Row], sft_rows: Sequence[Row] = ()) -> dict[str, float | None]:
-        """One optimizer update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)."""
+    def step(self, rows: list[Row], sft_rows: Sequence[Row] = (),
+             pref_pairs: Sequence[PrefPair] = ()) -> dict[str, float | None]:
+        """One optimizer update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)
+        plus `pref_pairs` (DPO)."""
         s = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         total_tok = sum(len(r.completion_ids) for r in rows)
@@ -196,10 +211,26 @@ class Learner:
             sl = sft_loss(lp, mask)
             (s.sft_coef * sl).backward()
             stats["sft_loss"] = float(sl.detach())
-        if rows or (sft_rows and s.sft_coef):
+        stats["pref_pairs"] = float(len(pref_pairs))
+        if pref_pairs and s.pref_coef:
+            stats.update(self._preference_step(pref_pairs))
+        if rows or (sft_rows and s.sft_coef) or (pref_pairs and s.pref_coef):
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm))
             self.optimizer.step()
         return stats
+
+    def _preference_step(self, pairs: Sequence[PrefPair]) -> dict[str, float]:
+        """Backpropagate `pref_coef` × DPO over `pairs`; returns the loss and the preference accuracy."""
+        both = [Row(p.prompt_ids, p.chosen_ids, []) for p in pairs] + [Row(p.prompt_ids, p.rejected_ids, [])
+                                                                      for p in pairs]
+        lp, mask, _ = self._forward(both)
+        ref, _, _ = self._forward(both, reference=True)
+        seq, ref_seq, n = (lp * mask).sum(1), (ref * mask).sum(1), len(pairs)
+        loss = dpo_loss(seq[:n], seq[n:], ref_seq[:n], ref_seq[n:], beta=self.settings.dpo_beta)
+        (self.settings.pref_coef * loss).backward()
+        with torch.no_grad():
+            acc = float(((seq[:n] - ref_seq[:n]) > (seq[n:] - ref_seq[n:])).float().mean())
+        return {"pref_loss": float(loss.detach()), "pref_accuracy": acc}
 
     # ---- persistence ------------------------------------------------------------------------
     def save_adapter(self, out_dir: str | Path) -> Path:

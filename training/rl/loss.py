@@ -196,6 +196,17 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def dpo_loss(chosen_logp: torch.Tensor, rejected_logp: torch.Tensor, ref_chosen_logp: torch.Tensor,
+             ref_rejected_logp: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    """DPO on preference pairs (approved or corrected action vs the rejected one, same state).
+
+    Inputs are sequence logprobs [P] (summed over each completion's tokens) under the policy and
+    the reference (the base model without the adapter): -log σ(β·(Δchosen − Δrejected)), mean.
+    """
+    margin = (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)
+    return -torch.nn.functional.logsigmoid(beta * margin).mean()
+
+
 def token_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean entropy of the next-token distribution over completion positions (exploration gauge)."""
     with torch.no_grad():

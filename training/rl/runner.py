@@ -136,10 +136,8 @@ def correction_rows(groups: Sequence[Sequence[Trajectory]], tokenizer: Any) -> l
     An edit or a takeover carries the action the user wanted (DriftBench personas know the rules in
     force); it is tokenized as a target (not sampled, so there are no behaviour logprobs to keep).
     """
-    from training.policy import stop_token_ids
     from training.rl.learner import Row
 
-    end = list(stop_token_ids(tokenizer)[:1])
     rows, seen = [], set()
     for group in groups:
         for t in group:
@@ -149,9 +147,16 @@ def correction_rows(groups: Sequence[Sequence[Trajectory]], tokenizer: Any) -> l
                 if key in seen:
                     continue
                 seen.add(key)
-                target = list(tokenizer.encode(action, add_special_tokens=False)) + end
+                target = action_target_ids(tokenizer, action)
                 rows.append(Row(list(prompt), target, [0.0] * len(target), sft=True))
     return rows
+
+
+def action_target_ids(tokenizer: Any, action: str) -> list[int]:
+    """The ids a model should write for `action` (the direct scaffold's completion: action, turn end)."""
+    from training.policy import stop_token_ids
+
+    return list(tokenizer.encode(action.strip(), add_special_tokens=False)) + list(stop_token_ids(tokenizer)[:1])
 
 
 def corrections(traj: Trajectory) -> list[tuple[int, str]]:

@@ -20,7 +20,7 @@ import torch
 
 from training.rl.async_rl import AdapterChannel, StalenessGate, WorkerPool, WorkOrder, collect
 from training.rl.diagnostics import Diagnostics, group_stats
-from training.rl.learner import Learner, LossSettings, Row, rows_from_groups
+from training.rl.learner import Learner, LossSettings, PrefPair, Row, rows_from_groups
 from training.rl.runner import EpisodeRunnerFactory, correction_rows, evaluate
 from training.rl.scheduler import SchedulerConfig, TaskScheduler
 
@@ -68,6 +68,9 @@ class RLConfig:
     explore_eps: float = 0.0  # per-turn chance of substituting an alternative valid action
     explore_is: str = "policy"  # "policy" | "mixture": which behaviour logprob substituted turns carry
     sft_coef: float = 0.0  # weight of supervised corrections (user edits / takeovers) in each step
+    pref_coef: float = 0.0  # weight of the DPO term on logged preference pairs (TaskPool.pref_pairs)
+    dpo_beta: float = 0.1
+    experience_per_step: int = 8  # logged SFT rows and preference pairs drawn into each step
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -109,6 +112,15 @@ class TaskPool:
     tasks: dict[str, Any] = field(default_factory=dict)
     replay: set[str] = field(default_factory=set)
     heldout: list[Any] | dict[str, list[Any]] = field(default_factory=list)
+    # logged experience (the evolve cycle's mining): supervised rows and preference pairs, drawn
+    # `experience_per_step` at a time into each learner step beside the rollouts
+    sft_rows: list[Row] = field(default_factory=list)
+    pref_pairs: list[PrefPair] = field(default_factory=list)
+
+
+def _draw(items: list, k: int, seed: str) -> list:
+    """`k` items of `items` (all if fewer), the same for the same seed (resumes draw alike)."""
+    return list(items) if len(items) <= k else random.Random(seed).sample(items, k)
 
 
 def default_pool(cfg: RLConfig) -> TaskPool:
@@ -227,7 +239,9 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
             # corrections count even from all-equal groups: that is where reward gives no signal
             sft: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
-            lstats = learner.step(rows, sft)
+            sft += _draw(pool.sft_rows, cfg.experience_per_step, f"{cfg.seed}/sft/{step}") if cfg.sft_coef else []
+            prefs = _draw(pool.pref_pairs, cfg.experience_per_step, f"{cfg.seed}/pref/{step}") if cfg.pref_coef else []
+            lstats = learner.step(rows, sft, prefs)
             version += 1
             step += 1
             adapter_path = learner.save_adapter(out / "adapters" / f"v{version}")
