@@ -89,19 +89,44 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     assert promoted == (state.outcome == "promoted")
 
 
-def test_logged_experience_reaches_the_learner(clean_cycle):
-    """Corrections, approved successes and preference pairs mined from the log are trained on."""
-    from training.rl.trainer import read_metrics
+def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
+    """Approved successes, corrections and preference pairs (the experience stage's files) are
+    trained on: SFT rows and DPO pairs in every RL step. Built from real logged prompts, since
+    the tiny policy's own traffic holds no corrections."""
+    import math
 
-    d, state = clean_cycle
-    exp, tr = state.stages["experience"]["output"], state.stages["train"]["output"]
-    assert tr["logged_sft_rows"] == exp["sft_examples"] + exp["corrections"]
-    assert tr["logged_pref_pairs"] == exp["preference_pairs"]
-    assert exp["corrections"] + exp["preference_pairs"] > 0, "the simulated users corrected nothing"
-    rows = read_metrics(d / "cycles" / state.cycle_id / "train")
-    assert rows and all(r["sft_rows"] >= min(8, tr["logged_sft_rows"]) for r in rows)
-    if exp["preference_pairs"]:
-        assert all(r["pref_pairs"] > 0 and r["pref_loss"] > 0 for r in rows)
+    from dynamic_bench import generate_tasks
+    from evolve.stages import logged_experience
+    from memory import MemoryService
+    from training.policy import load_tokenizer
+    from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
+
+    mem = MemoryService(traffic["data"] / "memory")
+    try:
+        steps = [t.steps[0] for t in mem.trajectories().trajectories[:3]]
+    finally:
+        mem.close()
+    fix = 'reply {"text":"Order O-1000: denied."}'
+    rows = {"sft": [{"prompt_token_ids": s.prompt_token_ids, "completion_token_ids": s.completion_token_ids}
+                    for s in steps],
+            "corrections": [{"prompt_token_ids": s.prompt_token_ids, "action_text": fix} for s in steps],
+            "pairs": [{"prompt_token_ids": s.prompt_token_ids, "chosen_text": fix,
+                       "rejected_token_ids": s.completion_token_ids} for s in steps]}
+    for name, rs in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
+    sft, pairs = logged_experience(tmp_path, tiny_policy)
+    assert len(sft) == 6 and len(pairs) == 3
+    tok = load_tokenizer(tiny_policy)
+    assert tok.decode(sft[3].completion_ids) == fix + "<|end|>" and pairs[0].chosen_ids == sft[3].completion_ids
+    pool = TaskPool(tasks={t.id: t for t in generate_tasks("retail", 2, seed=3, split="train")},
+                    sft_rows=sft, pref_pairs=pairs)
+    cfg = RLConfig(model=str(tiny_policy), out_dir=str(tmp_path / "rl"), steps=2, groups_per_step=1, group_size=2,
+                   max_turns=2, n_workers=1, sft_coef=1.0, pref_coef=1.0, experience_per_step=4, progress=False)
+    train_rl(cfg, pool=pool)
+    m = read_metrics(tmp_path / "rl")
+    assert [r["pref_pairs"] for r in m] == [3.0, 3.0] and all(r["sft_rows"] >= 4 for r in m)
+    assert m[0]["pref_loss"] == pytest.approx(math.log(2), abs=1e-3)  # step 1: adapter B = 0, policy == reference
+    assert m[1]["pref_loss"] < m[0]["pref_loss"]  # the same three pairs, after one update
 
 
 def test_next_cycle_with_nothing_new_changes_nothing(clean_cycle, tiny_policy, tmp_path):
