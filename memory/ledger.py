@@ -225,15 +225,22 @@ class Ledger:
         if upd:  # only columns an item can change: fewer index entries rewritten
             cols = {k: sa.bindparam(k) for k in upd[0] if k not in FIXED_COLS}
             conn.execute(sa.update(IT).where(IT.c.id == sa.bindparam("b_id")).values(**cols), upd)
-        for chunk in _chunks(ids, 500):
-            conn.execute(sa.delete(LK).where(LK.c.item_id.in_(chunk)))
-        links = []
+        want: dict[str, set[tuple[str | None, str | None]]] = {}
         for iid, (item, _, _) in latest.items():
             pairs = {(p.trajectory_id, p.cycle) for p in item.provenance}
             if item.created_by_cycle:
                 pairs.add((None, item.created_by_cycle))
-            links += [{"item_id": iid, "tenant": item.tenant, "trajectory_id": t, "cycle": c}
-                       for t, c in pairs if t or c]
+            want[iid] = {(t, c) for t, c in pairs if t or c}
+        have: dict[str, set[tuple[str | None, str | None]]] = {}
+        for chunk in _chunks(ids, 500):
+            q = sa.select(LK.c.item_id, LK.c.trajectory_id, LK.c.cycle).where(LK.c.item_id.in_(chunk))
+            for iid, t, c in conn.execute(q):
+                have.setdefault(iid, set()).add((t, c))
+        stale = [i for i in ids if have.get(i, set()) != want[i]]  # a status change keeps links
+        for chunk in _chunks(stale, 500):
+            conn.execute(sa.delete(LK).where(LK.c.item_id.in_(chunk)))
+        links = [{"item_id": iid, "tenant": latest[iid][0].tenant, "trajectory_id": t, "cycle": c}
+                 for iid in stale for t, c in want[iid]]
         if links:
             conn.execute(sa.insert(LK), links)
 

@@ -39,7 +39,7 @@ def test_live_set_follows_retire_retract_rollback_and_forget(svc):
     retired = {it.id for it in alice[:3]}
     svc.retire_many(list(retired), "test")
     retracted = set(svc.retract_trajectory("alice-traj-1"))
-    assert len(retracted) == 4
+    assert len(retracted) == 4 and svc.ledger.linked_items(trajectory_id="alice-traj-1") == []
     gone = retired | retracted
     assert not gone & set(_nearest(svc, "alice", "late delivery"))
     assert set(svc.vec.ids("alice")) == ids - gone
@@ -48,6 +48,7 @@ def test_live_set_follows_retire_retract_rollback_and_forget(svc):
     svc.rollback(v)
     assert set(_nearest(svc, "alice", "late delivery")) == ids
     assert _results(svc, "alice") == before
+    assert set(svc.ledger.linked_items(trajectory_id="alice-traj-1")) == retracted  # links back
     svc.forget_tenant("bob")
     assert _nearest(svc, "bob", "late delivery") == [] and svc.vec.ids("bob") == []
     assert "bob" not in svc.vec.live and "bob" not in svc.vec.hashes
