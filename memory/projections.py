@@ -186,7 +186,8 @@ class VectorProjection:
         if not kinds and dead + n <= UNFILTERED_MAX:
             r = col.query(query_embeddings=vecs, n_results=n + max(dead, 0), include=["distances"])
         else:
-            allow = [i for i, k in live.items() if not kinds or k in kinds]
+            # list(): one step under the GIL; a writer's sync may change `live` (search is unlocked)
+            allow = [i for i, k in list(live.items()) if not kinds or k in kinds]
             if not allow:
                 return [[] for _ in vecs]
             r = col.query(query_embeddings=vecs, n_results=min(n, len(allow)), ids=allow,
@@ -405,7 +406,7 @@ class KeywordIndex:
                 continue
             w = math.log(1 + ndocs / len(ids))
             total += w
-            for i in ids:
+            for i in tuple(ids):  # a writer's sync may change the set meanwhile
                 scores[i] += w
         if not scores:
             return []

@@ -125,3 +125,24 @@ def test_forget_tenant_leaves_nothing_behind(svc):
         db = Path(svc.ledger.url.removeprefix("sqlite:///"))
         for f in db.parent.glob("ledger.db*"):
             assert b"XK4471192" not in f.read_bytes(), f
+
+
+def test_paused_gc_nests_and_restores_the_previous_state():
+    import gc
+
+    from memory.lifecycle import paused_gc
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        with paused_gc():
+            with paused_gc():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer bulk change is still running
+        assert gc.isenabled()
+        gc.disable()
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # an application's own choice is kept
+    finally:
+        (gc.enable if was else gc.disable)()
