@@ -6,9 +6,9 @@ from the request into a tool call), and observations that repeat ids give it tha
 completions alone the copying did not emerge within 400 steps of the `small` preset. A short
 warm-up on synthetic copy sequences (`copy_warmup_steps`: ids in a sentence, then the same ids in
 tool-call form) forms the copying circuit first; measured on the `small` model, that circuit
-appears after ~250 steps at lr 1e-3 and not within 600 at 3e-3. Resumable: a checkpoint (model, optimizer, scheduler, step)
-is written atomically every `save_every` steps and picked up by the next run with the same
-config. `ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face
+appears after ~250 steps at lr 1e-3 and was still incomplete after 400 at 3e-3. Resumable: a
+checkpoint (model, optimizer, scheduler, step) is written atomically every `save_every` steps and
+picked up by the next run with the same config. `ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face
 folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
 format-valid action rate, action-space coverage, distinct successful strategies, and success
 following a correct memory item on changed-rule tasks (training/coldstart_eval.py).
@@ -87,19 +87,22 @@ def build_base(out: Path, cfg: ColdStartConfig) -> Path:
 
 def _batches(data: list[tuple[list[int], list[int]]], cfg: ColdStartConfig, step: int):
     """The batch of `step`: a seeded permutation per epoch, padded on the right (deterministic)."""
-    import torch
-
     per_epoch = max(1, len(data) // cfg.batch_size)
     epoch, k = divmod(step, per_epoch)
     order = list(range(len(data)))
     random.Random(f"{cfg.seed}/{epoch}").shuffle(order)
-    idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
-    width = max(len(data[i][0]) for i in idx)
-    ids = torch.zeros((len(idx), width), dtype=torch.long)
-    labels = torch.full((len(idx), width), -100, dtype=torch.long)
-    att = torch.zeros((len(idx), width), dtype=torch.long)
-    for r, i in enumerate(idx):
-        x, m = data[i]
+    return _pad([data[i] for i in order[k * cfg.batch_size:(k + 1) * cfg.batch_size]])
+
+
+def _pad(rows: list[tuple[list[int], list[int]]]):
+    """(ids, attention mask, labels) of `(ids, loss mask)` rows, padded on the right."""
+    import torch
+
+    width = max(len(x) for x, _ in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (x, m) in enumerate(rows):
         ids[r, :len(x)] = torch.tensor(x)
         att[r, :len(x)] = 1
         labels[r, :len(x)] = torch.tensor([t if mk else -100 for t, mk in zip(x, m)])
@@ -107,10 +110,9 @@ def _batches(data: list[tuple[list[int], list[int]]], cfg: ColdStartConfig, step
 
 
 def copy_batch(tokenizer, rng: random.Random, n: int = 32):
-    """(ids, labels) of `n` synthetic copy sequences: a request naming ids (DriftBench's formats)
-    among distractor numbers, then those ids in tool-call form (the loss is on that part only)."""
-    import torch
-
+    """(ids, attention mask, labels) of `n` synthetic copy sequences: a request naming ids
+    (DriftBench's formats) among distractor numbers, then those ids in tool-call form (the loss is
+    on that part only)."""
     from training.policy import ASSISTANT, USER
 
     rows = []
@@ -122,14 +124,8 @@ def copy_batch(tokenizer, rng: random.Random, n: int = 32):
         target = f'lookup {{"id":"{a}"}} then {{"id":"{b}"}}'
         x = tokenizer.encode(context, add_special_tokens=False)
         y = tokenizer.encode(target, add_special_tokens=False)
-        rows.append((x + y, len(x)))
-    width = max(len(r) for r, _ in rows)
-    ids = torch.full((n, width), int(tokenizer.pad_token_id or 0), dtype=torch.long)
-    labels = torch.full((n, width), -100, dtype=torch.long)
-    for i, (r, k) in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        labels[i, k:len(r)] = torch.tensor(r[k:])
-    return ids, labels
+        rows.append((x + y, [0] * len(x) + [1] * len(y)))
+    return _pad(rows)
 
 
 def sft_step_loss(model, ids, att, labels, context_weight: float):
@@ -189,8 +185,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
             break
         if step < cfg.copy_warmup_steps:
-            ids, labels = copy_batch(tok, rng)
-            att = (ids != int(tok.pad_token_id or 0)).long()
+            ids, att, labels = copy_batch(tok, rng)
             lr, loss = cfg.lr, model(input_ids=ids, attention_mask=att, labels=labels).loss
         else:
             ids, att, labels = _batches(data, cfg, step - cfg.copy_warmup_steps)
@@ -203,8 +198,8 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        log.append({"step": step, "loss": loss.item(), "lr": lr, "phase": "copy" if step <= cfg.copy_warmup_steps else "sft",
-                    "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3),
+        log.append({"step": step, "loss": loss.item(), "lr": lr,
+                    "phase": "copy" if step <= cfg.copy_warmup_steps else "sft", "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3),
                     "cpu_s": round(time.process_time() - c0, 3)})
         bar.update(1)
         bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
