@@ -38,6 +38,8 @@ class CycleConfig:
     lr: float = 2e-4
     sft_coef: float = 1.0               # weight of the users' corrections in each RL step
     pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
+    distill_memory: bool = True         # logged rows also trained with their memory section emptied
+    experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.25          # share of older-rule tasks replayed during training

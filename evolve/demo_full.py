@@ -22,7 +22,7 @@ from evolve.report import md_table, plot_arms, write_json
 TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, RL steps, gate tasks per slice
     "tiny": dict(episodes=16, cycle_at=0.5, rl_steps=1, gate_tasks=4, max_turns=4, groups=2),
-    "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, gate_tasks=24, max_turns=8, groups=4),
+    "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, gate_tasks=48, max_turns=8, groups=4),
 }
 
 

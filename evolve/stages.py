@@ -99,40 +99,61 @@ def _corrupt(task, rng: random.Random):
     return task.model_copy(update={"params": {**task.params, "rules": d.random_rules(rng)}})
 
 
+def still_right(task, latest: dict | None) -> bool:
+    """Whether `task`'s logged behaviour is still right to learn from: its rules are the latest, its
+    users were shown a different policy (they can be told apart), or the rules agree on it. A task of
+    silently superseded rules where the answer changed would teach the old rule on the same prompt."""
+    from dynamic_bench import get_domain
+
+    if task is None or latest is None:
+        return True
+    p = task.params
+    if p["rules"] == latest["rules"] or p["shown_rules"] != latest["shown_rules"]:
+        return True
+    return get_domain(task.domain).same_answer(p, p["rules"], latest["rules"])
+
+
 def experience(ctx: CycleContext) -> dict:
     from dynamic_bench import generate_tasks
     from evolve.mining import experience as build, rule_contexts, task_pool
+    from evolve.simulator.ledger import task_of
 
     cfg = ctx.cfg
     trajs = window(ctx)
     out = ctx.dir / "experience"
     out.mkdir(exist_ok=True)
-    exp = build(trajs)
+    contexts = rule_contexts(trajs)
+    latest = contexts[-1] if contexts else None
+    learnable = [t for t in trajs if still_right(task_of(t), latest)]
+    exp = build(learnable)
     for name, rows in exp.items():
         _write_jsonl(out / f"{name}.jsonl", rows)
-    pool = task_pool(trajs, max_tasks=64, seed=cfg.seed)
+    pool = task_pool(learnable, max_tasks=64, seed=cfg.seed)
     rng = random.Random(f"corrupt/{cfg.seed}")
     if cfg.corrupt_rewards:
         pool = [{**r, "task": _corrupt(r["task"], rng), "corrupted": True} for r in pool]
     n_replay = round(len(pool) * cfg.replay_share / max(1e-9, 1 - cfg.replay_share)) if pool else 0
-    replay = generate_tasks(cfg.domain, n_replay, seed=cfg.seed + 17, split="train",
+    replay = generate_tasks(cfg.domain, 4 * n_replay, seed=cfg.seed + 17, split="train",
                             rule_version=REPLAY_VERSION) if n_replay else []
+    replay = [t for t in replay if still_right(t, latest)][:n_replay]
     rows = [{"task": r["task"].model_dump(mode="json"), "learning_value": r["learning_value"], "replay": False}
             for r in pool] + [{"task": t.model_dump(mode="json"), "learning_value": None, "replay": True}
                               for t in replay]
     _write_jsonl(out / "tasks.jsonl", rows)
-    contexts = rule_contexts(trajs)
     write_json(out / "contexts.json", contexts)
     ctx.fault_point("experience")
     return {"sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
             "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
-            "rule_contexts": len(contexts), "corrupted": bool(cfg.corrupt_rewards)}
+            "rule_contexts": len(contexts), "superseded_trajectories": len(trajs) - len(learnable),
+            "corrupted": bool(cfg.corrupt_rewards)}
 
 
-# ---- 3. train ------------------------------------------------------------------------------------
-def logged_experience(exp_dir: Path, policy: Path) -> tuple[list, list]:
+def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) -> tuple[list, list]:
     """The experience stage's files as training input: SFT rows (approved successes, with their
-    sampled ids; corrections, the user's action as the target) and DPO preference pairs."""
+    sampled ids; corrections, the user's action as the target) and DPO preference pairs. With
+    `distill_memory`, every row whose prompt showed retrieved memory is also given once with the
+    memory section emptied (same target): what memory taught becomes weights (`without_memory`)."""
+    from runtime.scaffolds import without_memory
     from training.policy import load_tokenizer
     from training.rl.learner import PrefPair, Row
     from training.rl.runner import action_target_ids
@@ -144,6 +165,11 @@ def logged_experience(exp_dir: Path, policy: Path) -> tuple[list, list]:
             for r in _read_jsonl(exp_dir / "corrections.jsonl")]
     pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
                       r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
+    if distill_memory:
+        bare = [(without_memory(tok, r.prompt_ids), r) for r in sft]
+        sft += [Row(p, r.completion_ids, [], sft=True) for p, r in bare if p is not None]
+        bare_pairs = [(without_memory(tok, q.prompt_ids), q) for q in pairs]
+        pairs += [PrefPair(p, q.chosen_ids, q.rejected_ids) for p, q in bare_pairs if p is not None]
     return sft, pairs
 
 
@@ -164,10 +190,11 @@ def train(ctx: CycleContext) -> dict:
             pool.replay.add(t.id)
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
-        pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base)
+        pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base, cfg.distill_memory)
     rl = RLConfig(model=str(base), out_dir=str(ctx.dir / "train"), env_id=f"driftbench/{cfg.domain}-v1",
                   steps=cfg.rl_steps, groups_per_step=cfg.groups_per_step, seed=cfg.seed,
                   sft_coef=cfg.sft_coef, pref_coef=cfg.pref_coef, explore_eps=cfg.explore_eps,
+                  experience_per_step=cfg.experience_per_step,
                   replay_share=cfg.replay_share,
                   n_workers=1, eta=0, lr=cfg.lr, max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()
@@ -192,8 +219,12 @@ def train(ctx: CycleContext) -> dict:
 
 # ---- 4. gate -------------------------------------------------------------------------------------
 def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
-    """Test-split tasks per slice: the latest rules as users meet them, older rules still in force
-    for some users (else the first version: forgetting), and the latest rules announced (held out)."""
+    """Test-split tasks per slice: the latest rules as users meet them, older rules (else the first
+    version: forgetting), and the latest rules announced (held out).
+
+    An older context shown the *same* policy text as the latest one (a silent shift) gets only tasks
+    whose right actions are the same under both rules: on the others no policy can be right for
+    both without memory (the prompts are identical), so they measure the shift, not forgetting."""
     from dynamic_bench import get_domain
     from dynamic_bench.tasks import make_task
 
@@ -201,8 +232,15 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
     rng = random.Random(f"gate/{cfg.seed}")
     n = cfg.gate_tasks
 
-    def tasks(rules, shown, prior, k) -> list:
-        return [make_task(d, rng, rule_version=rules, split="test", prior=prior, shown=shown) for _ in range(k)]
+    def tasks(rules, shown, prior, k, agree_with: dict | None = None) -> list:
+        out: list = []
+        for _ in range(200 * k):
+            if len(out) == k:
+                break
+            t = make_task(d, rng, rule_version=rules, split="test", prior=prior, shown=shown)
+            if agree_with is None or d.same_answer(t.params, rules, agree_with):
+                out.append(t)
+        return out
 
     v1 = d.versions[REPLAY_VERSION]
     out: dict[str, list] = {}
@@ -213,8 +251,10 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
         older = [c for c in contexts[:-1] if c["rules"] != last["rules"]]
         out["old_rules"] = []
         for c in older or [{"rules": v1, "shown_rules": v1, "shown_version": REPLAY_VERSION, "prior": []}]:
+            silent = c["shown_rules"] == last["shown_rules"]
             out["old_rules"] += tasks(c["rules"], (c["shown_version"], c["shown_rules"]),
-                                      [(v, r) for v, r in c["prior"]], max(1, n // max(1, len(older))))
+                                      [(v, r) for v, r in c["prior"]], max(1, n // max(1, len(older))),
+                                      agree_with=last["rules"] if silent else None)
         out["held_out"] = tasks(last["rules"], (last["version"], last["rules"]), prior, n)
     else:
         out["current"] = tasks(v1, (REPLAY_VERSION, v1), [], n)

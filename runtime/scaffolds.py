@@ -135,6 +135,25 @@ class Scaffold:
         return ids
 
 
+def without_memory(tokenizer, prompt_ids: Sequence[int]) -> list[int] | None:
+    """The same prompt with its memory section emptied (`none`), or None if it showed no memory.
+
+    Memory distillation (evolve/stages.py): a logged step that succeeded *with* retrieved memory
+    becomes a training example *without* it, so the policy needs the memory less. Only the ids
+    between `<|memory|>` and the first `<|user|>` change: segments start at special tokens, so the
+    result equals encoding the header with no memory (tested)."""
+    mem, user = tokenizer.convert_tokens_to_ids(MEMORY), tokenizer.convert_tokens_to_ids(USER)
+    ids = list(prompt_ids)
+    if mem not in ids or user not in ids[ids.index(mem):]:
+        return None
+    i = ids.index(mem) + 1
+    j = ids.index(user, i)
+    none = list(tokenizer.encode("none", add_special_tokens=False))
+    if ids[i:j] == none:
+        return None
+    return ids[:i] + none + ids[j:]
+
+
 def fit_turns(head_len: int, seg_lens: Sequence[int], max_tokens: int | None) -> int:
     """Index of the first turn segment to keep after segment 0 (the user's request, always kept).
 

@@ -51,7 +51,7 @@ class ColdStartConfig:
 PRESET_CONFIGS = {
     "tiny": ColdStartConfig(preset="tiny", n_examples=200, n_corpus=200, max_steps=20, batch_size=8,
                             save_every=10),
-    "small": ColdStartConfig(preset="small", n_examples=8000, n_corpus=1500, max_steps=1500, batch_size=16,
+    "small": ColdStartConfig(preset="small", n_examples=12000, n_corpus=1500, max_steps=2100, batch_size=16,
                              lr=1e-3, context_loss_weight=0.3, copy_warmup_steps=300, save_every=50),
 }
 

@@ -17,6 +17,7 @@ from dynamic_bench.actions import format_action
 from dynamic_bench.streams import rule_change_notes
 from dynamic_bench.tasks import make_task
 from training.rollout import RolloutConfig, rollout
+from training.sft_data import pack_notes
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -33,7 +34,7 @@ def memory_tasks(domain: str, n: int, seed: int, dense: bool = False):
     """(tasks, notes, affected flags): changed-rule test tasks shown v1, with a correct memory item."""
     d = get_domain(domain)
     rng = random.Random(f"memeval/{domain}/{seed}/{dense}")
-    later = [v for v in sorted(d.versions) if v > 1 and d.versions[v] != d.versions[1]]
+    later = d.changed_versions()
     tasks, notes, affected = [], [], []
     for i in range(n):
         version = d.random_rules(rng) if dense else later[i % len(later)]
@@ -42,7 +43,7 @@ def memory_tasks(domain: str, n: int, seed: int, dense: bool = False):
         old_w, old_o = d.solve(t.params, d.versions[1])
         new_w, new_o = d.solve(t.params, rules)
         tasks.append(t)
-        notes.append(rule_change_notes(domain, 1, rules))
+        notes.append(pack_notes(rule_change_notes(domain, 1, rules)))  # all of it fits the prompt
         affected.append([format_action(c) for c in old_w] != [format_action(c) for c in new_w] or old_o != new_o)
     return tasks, notes, affected
 

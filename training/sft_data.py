@@ -6,9 +6,11 @@ saying which ones are training targets (completions). Kinds of episodes:
 - `plain`: first-rule tasks, no memory (the default behaviour).
 - `distractor`: first-rule tasks with memory items that change nothing (notes of the other
   domain, or restating the rules in force): the model must not follow every note blindly.
-- `memory`: a silent shift to densely drawn rule values (PROTOTYPE-FINDINGS 3): the policy shown
-  is version 1, a retrieved memory item states what changed (`rule_change_notes`), and the oracle
-  acts under the rules in force, so the right action follows the memory.
+- `memory`: a silent shift (the policy shown is version 1), a retrieved memory item states what
+  changed (`rule_change_notes`), and the oracle acts under the rules in force, so the right action
+  follows the memory. Half the shifts go to the domain's named later versions (the changes a stream
+  brings), half to densely drawn values (PROTOTYPE-FINDINGS 3: unseen values are only followed if
+  the value space is covered densely; held-out dense values are measured separately).
 - `announced`: dense rule values shown in the policy itself, no memory (read the numbers).
 
 Across kinds: both scaffolds, the oracle's seeded alternative action orders, both observation
@@ -17,6 +19,7 @@ its error observation, then the right action; the failed completion is not a tar
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -24,9 +27,10 @@ from dynamic_bench import OracleAgent, get_domain, make
 from dynamic_bench.domains import DOMAINS
 from dynamic_bench.streams import rule_change_notes
 from dynamic_bench.tasks import make_task
-from runtime.scaffolds import get
+from runtime.scaffolds import MAX_ITEM_CHARS, MAX_MEMORY_ITEMS, get
 
 KIND_WEIGHTS = {"plain": 0.40, "distractor": 0.10, "memory": 0.38, "announced": 0.12}
+NAMED_SHIFT_SHARE = 0.5  # share of `memory` examples whose shift is to a named later version
 
 
 @dataclass
@@ -42,12 +46,27 @@ class Example:
 
 
 def memory_notes(domain: str, rules: dict, rng: random.Random) -> list[str]:
-    """What a retrieved memory item would say about `rules` vs version 1 (shuffled, maybe a distractor)."""
+    """What retrieved memory would say about `rules` vs version 1 (shuffled, maybe a distractor), in
+    the phrasings the runtime's memory holds: bare statements, mined rules (`Rule: ...`, evolve/
+    mining.py) or rejection reasons as written online (`The user said: no. a; b`, runtime/agent_io.py).
+    Packed into at most `MAX_MEMORY_ITEMS` items of at most `MAX_ITEM_CHARS`: a prompt shows no more,
+    and an example whose rule is cut off would teach acting on rules nobody stated."""
     notes = rule_change_notes(domain, 1, rules)
-    rng.shuffle(notes)
     if rng.random() < 0.25:
         notes.append(rng.choice(distractor_notes(domain)))
-    return notes
+    rng.shuffle(notes)
+    style = rng.random()
+    if style < 0.25:
+        notes = [f"Rule: {n}." for n in notes]
+    return pack_notes(notes, prefix="The user said: no. " if 0.25 <= style < 0.5 else "")
+
+
+def pack_notes(notes: list[str], prefix: str = "") -> list[str]:
+    """`notes` joined with "; " into at most `MAX_MEMORY_ITEMS` items (what a prompt shows), each
+    `prefix` + statements; if an item would be clipped, the notes one per item (the first ones)."""
+    k = max(1, math.ceil(len(notes) / MAX_MEMORY_ITEMS))
+    items = [prefix + "; ".join(notes[i:i + k]) for i in range(0, len(notes), k)]
+    return items if all(len(x) <= MAX_ITEM_CHARS for x in items) else [prefix + n for n in notes][:MAX_MEMORY_ITEMS]
 
 
 def distractor_notes(domain: str) -> list[str]:
@@ -93,7 +112,9 @@ def make_task_for(domain: str, kind: str, rng: random.Random, split: str = "trai
         task = make_task(d, rng, rule_version=1, split=split)
         notes = [rng.choice(distractor_notes(domain))] if kind == "distractor" else []
         return task, notes
-    rules = d.random_rules(rng)
+    later = d.changed_versions()
+    named = kind == "memory" and later and rng.random() < NAMED_SHIFT_SHARE
+    rules = d.rules_for(rng.choice(later)) if named else d.random_rules(rng)
     if kind == "memory":
         task = make_task(d, rng, rule_version=rules, split=split, shown=(1, d.versions[1]))
         return task, memory_notes(domain, rules, rng)

@@ -61,6 +61,10 @@ class Domain(ABC):
             raise KeyError(f"{self.name} has no rule version {version}; versions: {sorted(self.versions)}")
         return self.versions[version]
 
+    def changed_versions(self) -> list[int]:
+        """Named versions after the first whose rules differ from it (what a shift can bring)."""
+        return [v for v in sorted(self.versions) if v > 1 and self.versions[v] != self.versions[1]]
+
     def tools(self, rules: Rules) -> dict[str, ToolSpec]:
         return self.tool_sets[rules["tools"]].specs
 
@@ -140,6 +144,13 @@ class Domain(ABC):
     @abstractmethod
     def solve(self, params: dict, rules: Rules) -> tuple[list[ToolCall], str]:
         """(write calls the rules prescribe, in order; outcome word the reply must state)."""
+
+    def same_answer(self, params: dict, a: Rules, b: Rules) -> bool:
+        """Whether rules `a` and `b` prescribe the same writes (by operation and arguments) and outcome
+        for a task: where they do not, one prompt cannot be right for both after a silent shift."""
+        (wa, oa), (wb, ob) = self.solve(params, a), self.solve(params, b)
+        return oa == ob and [(self.tools(a)[c.name].op, sorted(c.args.items())) for c in wa] == \
+            [(self.tools(b)[c.name].op, sorted(c.args.items())) for c in wb]
 
     @abstractmethod
     def reads(self, params: dict, rules: Rules) -> tuple[list[ToolCall], list[ToolCall]]:

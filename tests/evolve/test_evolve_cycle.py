@@ -114,10 +114,17 @@ def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
                        "rejected_token_ids": s.completion_token_ids} for s in steps]}
     for name, rs in rows.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
-    sft, pairs = logged_experience(tmp_path, tiny_policy)
+    sft, pairs = logged_experience(tmp_path, tiny_policy, distill_memory=False)
     assert len(sft) == 6 and len(pairs) == 3
     tok = load_tokenizer(tiny_policy)
     assert tok.decode(sft[3].completion_ids) == fix + "<|end|>" and pairs[0].chosen_ids == sft[3].completion_ids
+    from runtime.scaffolds import without_memory
+
+    bare = [without_memory(tok, s.prompt_token_ids) for s in steps]
+    n_mem = sum(b is not None for b in bare)
+    dist_sft, dist_pairs = logged_experience(tmp_path, tiny_policy)  # + the memory-free copies
+    assert len(dist_sft) == 6 + 2 * n_mem and len(dist_pairs) == 3 + n_mem
+    assert [r.prompt_ids for r in dist_sft[6:]] == [b for b in bare + bare if b is not None]
     pool = TaskPool(tasks={t.id: t for t in generate_tasks("retail", 2, seed=3, split="train")},
                     sft_rows=sft, pref_pairs=pairs)
     cfg = RLConfig(model=str(tiny_policy), out_dir=str(tmp_path / "rl"), steps=2, groups_per_step=1, group_size=2,

@@ -48,3 +48,33 @@ def test_bootstrap_is_seeded():
     r1, r2 = paired_compare("x", a, b, CFG), paired_compare("x", a, b, CFG)
     assert (r1.ci_low, r1.ci_high) == (r2.ci_low, r2.ci_high)
     assert r1.ci_low <= r1.delta <= r1.ci_high
+
+
+def test_gate_slices_after_a_silent_shift_test_forgetting_only_where_the_rules_agree():
+    """Old-rule tasks shown the same policy as the latest rules (a silent shift) are kept only where
+    both rule versions want the same actions; after an announced change every old-rule task counts."""
+    from dynamic_bench import get_domain
+    from dynamic_bench.actions import format_action
+    from evolve.cycle import CycleConfig
+    from evolve.stages import gate_slices
+
+    d = get_domain("retail")
+    v1, v2 = d.versions[1], d.versions[2]
+
+    def ctx(rules, shown_version, shown_rules):
+        return {"rules": rules, "shown_rules": shown_rules, "shown_version": shown_version, "prior": [],
+                "version": 2 if rules == v2 else 1, "domain": "retail", "n": 1}
+
+    def agrees(t):
+        a, b = d.solve(t.params, v1), d.solve(t.params, v2)
+        return [format_action(c) for c in a[0]] == [format_action(c) for c in b[0]] and a[1] == b[1]
+
+    assert all(agrees(t) == d.same_answer(t.params, v1, v2) for t in gate_slices(
+        CycleConfig(domain="retail", gate_tasks=40), [ctx(v1, 1, v1), ctx(v2, 2, v2)])["old_rules"])
+
+    cfg = CycleConfig(domain="retail", gate_tasks=30)
+    silent = gate_slices(cfg, [ctx(v1, 1, v1), ctx(v2, 1, v1)])
+    assert len(silent["old_rules"]) == 30 and all(agrees(t) for t in silent["old_rules"])
+    assert all(t.params["rules"] == v2 and t.params["shown_rules"] == v1 for t in silent["current"])
+    announced = gate_slices(cfg, [ctx(v1, 1, v1), ctx(v2, 2, v2)])
+    assert len(announced["old_rules"]) == 30 and not all(agrees(t) for t in announced["old_rules"])

@@ -83,3 +83,24 @@ def test_experience_data_and_task_pool():
     assert len(pool) == 3 and pool[0]["learning_value"] >= pool[-1]["learning_value"]
     ctx = rule_contexts(trajs)
     assert ctx and ctx[-1]["rules"] != ctx[-1]["shown_rules"]  # the silent context is recorded as such
+
+
+def test_experience_learns_only_what_is_still_right_after_a_silent_shift():
+    """Logged v1 behaviour is training data after a silent shift to v2 only where v2 wants the same
+    answer (the prompts are identical); after an announced shift, or under the latest rules, always."""
+    import random
+
+    from dynamic_bench import generate_tasks, get_domain
+    from dynamic_bench.tasks import make_task
+    from evolve.stages import still_right
+
+    d = get_domain("retail")
+    v1, v2 = d.versions[1], d.versions[2]
+    silent = {"rules": v2, "shown_rules": v1}
+    announced = {"rules": v2, "shown_rules": v2}
+    old = generate_tasks("retail", 60, seed=4, split="train", rule_version=1)
+    kept = [still_right(t, silent) for t in old]
+    assert kept == [d.same_answer(t.params, v1, v2) for t in old] and 0 < sum(kept) < len(kept)
+    assert all(still_right(t, announced) for t in old) and all(still_right(t, None) for t in old)
+    rng = random.Random(0)
+    assert all(still_right(make_task(d, rng, rule_version=2, shown=(1, v1)), silent) for _ in range(20))

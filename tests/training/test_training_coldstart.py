@@ -147,6 +147,34 @@ def test_memory_eval_tasks_are_changed_rule_tasks_shown_v1():
     assert all(notes) and any(affected)
 
 
+@pytest.mark.parametrize("domain", ["retail", "telecom"])
+def test_memory_notes_state_every_change_within_what_a_prompt_shows(domain):
+    """Training and evaluation memory fits the prompt (at most MAX_MEMORY_ITEMS items, none clipped),
+    so no example asks the policy to follow a change its memory did not state; both named later
+    versions and dense values appear, in the runtime's phrasings."""
+    import random
+
+    from dynamic_bench.streams import rule_change_notes
+    from runtime.scaffolds import MAX_ITEM_CHARS, MAX_MEMORY_ITEMS
+    from training.sft_data import make_task_for, memory_notes
+
+    d = get_domain(domain)
+    rng = random.Random(0)
+    styles, named = set(), 0
+    for _ in range(300):
+        rules = d.random_rules(rng) if rng.random() < 0.5 else d.rules_for(rng.choice(d.changed_versions()))
+        items = memory_notes(domain, rules, rng)
+        assert len(items) <= MAX_MEMORY_ITEMS and all(len(x) <= MAX_ITEM_CHARS for x in items)
+        assert all(n in " | ".join(items) for n in rule_change_notes(domain, 1, rules))
+        styles |= {"said" if x.startswith("The user said: no. ") else "rule" if x.startswith("Rule: ") else "bare"
+                   for x in items}
+        task, _ = make_task_for(domain, "memory", rng)
+        named += task.params["rules"] in [d.versions[v] for v in d.changed_versions()]
+    assert styles == {"said", "rule", "bare"} and 80 < named < 220
+    for notes in memory_tasks(domain, 8, seed=0)[1]:
+        assert len(notes) <= MAX_MEMORY_ITEMS and all(len(x) <= MAX_ITEM_CHARS for x in notes)
+
+
 def test_evaluate_reports_every_metric(bench_policy):
     from training.engines import make_engine
     from training.policy import load_tokenizer

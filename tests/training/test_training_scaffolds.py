@@ -72,3 +72,23 @@ def test_encode_prompt_truncates_to_budget(bench_policy):
     assert len(short) <= len(full) // 2
     assert tok.decode(short).count("O-1042") == 1  # the request stays
     assert "O-1011" in tok.decode(short) and "O-1000" not in tok.decode(short)  # newest kept, oldest dropped
+
+
+def test_without_memory_equals_encoding_the_prompt_with_no_memory(bench_policy):
+    """Memory distillation: emptying a logged prompt's memory section gives exactly the ids of the
+    same prompt rendered with no memory; a prompt that showed none is left alone (None)."""
+    from runtime.scaffolds import without_memory
+
+    tok = load_tokenizer(bench_policy)
+    env = make("driftbench/retail-v1")
+    task = generate_tasks("retail", 1, seed=3)[0]
+    obs, info = env.reset(options={"task": task})
+    history = [("user", obs), ("assistant", 'get_order {"order_id":"O-1"}'), ("obs", "days=3 amount=40")]
+    notes = ["retail refund_window now 14 days (was 30)", "gold customers now get a 10 coupon"]
+    for name in ("direct", "plan_act"):
+        sc = get(name)
+        with_mem = sc.encode_prompt(tok, Context(info["policy_text"], info["tools"], notes, history))
+        bare = sc.encode_prompt(tok, Context(info["policy_text"], info["tools"], (), history))
+        assert with_mem != bare
+        assert without_memory(tok, with_mem) == bare
+        assert without_memory(tok, bare) is None
