@@ -108,7 +108,7 @@ def still_right(task, latest: dict | None) -> bool:
     if task is None or latest is None:
         return True
     p = task.params
-    if p["rules"] == latest["rules"] or p["shown_rules"] != latest["shown_rules"]:
+    if "rules" not in p or p["rules"] == latest["rules"] or p.get("shown_rules") != latest["shown_rules"]:
         return True
     return get_domain(task.domain).same_answer(p, p["rules"], latest["rules"])
 
