@@ -144,9 +144,9 @@ def without_memory(tokenizer, prompt_ids: Sequence[int]) -> list[int] | None:
     result equals encoding the header with no memory (tested)."""
     mem, user = tokenizer.convert_tokens_to_ids(MEMORY), tokenizer.convert_tokens_to_ids(USER)
     ids = list(prompt_ids)
-    if mem not in ids or user not in ids[ids.index(mem):]:
+    i = ids.index(mem) + 1 if mem in ids else len(ids)
+    if user not in ids[i:]:
         return None
-    i = ids.index(mem) + 1
     j = ids.index(user, i)
     none = list(tokenizer.encode("none", add_special_tokens=False))
     if ids[i:j] == none:

@@ -8,8 +8,8 @@ warm-up on synthetic copy sequences (`copy_warmup_steps`: ids in a sentence, the
 tool-call form) forms the copying circuit first; measured on the `small` model, that circuit
 appears after ~250 steps at lr 1e-3 and was still incomplete after 400 at 3e-3. Resumable: a
 checkpoint (model, optimizer, scheduler, step) is written atomically every `save_every` steps and
-picked up by the next run with the same config. `ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face
-folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
+picked up by the next run with the same config. `ensure_coldstart(out_dir, preset, seed)` returns
+`out_dir/policy` (a Hugging Face folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
 format-valid action rate, action-space coverage, distinct successful strategies, and success
 following a correct memory item on changed-rule tasks (training/coldstart_eval.py).
 """
@@ -199,8 +199,8 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         opt.step()
         step += 1
         log.append({"step": step, "loss": loss.item(), "lr": lr,
-                    "phase": "copy" if step <= cfg.copy_warmup_steps else "sft", "tokens": int(att.sum()), "elapsed_s": round(time.time() - t0, 3),
-                    "cpu_s": round(time.process_time() - c0, 3)})
+                    "phase": "copy" if step <= cfg.copy_warmup_steps else "sft", "tokens": int(att.sum()),
+                    "elapsed_s": round(time.time() - t0, 3), "cpu_s": round(time.process_time() - c0, 3)})
         bar.update(1)
         bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
         if step % cfg.save_every == 0 or step == total:
