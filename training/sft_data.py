@@ -29,6 +29,7 @@ from dynamic_bench.streams import rule_change_notes
 from dynamic_bench.tasks import make_task
 from runtime.scaffolds import MAX_ITEM_CHARS, MAX_MEMORY_ITEMS, get
 
+DECISION = 2  # loss-mask value of a decision completion; other completions are 1, context 0
 KIND_WEIGHTS = {"plain": 0.40, "distractor": 0.10, "memory": 0.38, "announced": 0.12}
 NAMED_SHIFT_SHARE = 0.5  # share of `memory` examples whose shift is to a named later version
 
@@ -43,6 +44,7 @@ class Example:
     scaffold: str
     corrected: bool = False
     meta: dict = field(default_factory=dict)
+    decisions: tuple[int, ...] = ()  # target segments that act on the rules (not a read): see DECISION
 
 
 def memory_notes(domain: str, rules: dict, rng: random.Random) -> list[str]:
@@ -137,7 +139,10 @@ def oracle_example(domain: str, kind: str, scaffold: str, rng: random.Random, co
     fix_at = rng.randrange(len(agent.plan)) if rng.random() < correct_p else -1
     from dynamic_bench.actions import format_action
 
-    needed = {format_action(c) for c in get_domain(domain).reads(task.params, task.params["rules"])[0]}
+    needed_calls, optional_calls = get_domain(domain).reads(task.params, task.params["rules"])
+    needed = {format_action(c) for c in needed_calls}
+    reads = needed | {format_action(c) for c in optional_calls}
+    decisions: list[int] = []
     done, t = False, 0
     while not done:
         plan = plan_line(agent.plan, needed)
@@ -152,6 +157,8 @@ def oracle_example(domain: str, kind: str, scaffold: str, rng: random.Random, co
         action = agent.act(obs, info)
         obs, _, term, trunc, info = env.step(action)
         done = term or trunc
+        if action not in reads:
+            decisions.append(len(segs))
         segs.append((sc.completion_text(action, plan), True))
         if not done:
             segs.append((sc.obs_text(obs), False))
@@ -160,7 +167,7 @@ def oracle_example(domain: str, kind: str, scaffold: str, rng: random.Random, co
         return None
     return Example(segs, domain, kind, scaffold, corrected=any(not tgt and i > 1 and i % 2 == 0
                                                               for i, (_, tgt) in enumerate(segs)),
-                   meta={"task_id": task.id, "memory": notes})
+                   meta={"task_id": task.id, "memory": notes}, decisions=tuple(decisions))
 
 
 def generate_examples(n: int, seed: int, domains: tuple[str, ...] = tuple(DOMAINS),
@@ -193,12 +200,14 @@ def corpus_texts(n: int = 1500, seed: int = 0) -> list[str]:
 
 
 def encode_example(ex: Example, tokenizer) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) of an example, segment by segment exactly as a rollout encodes it."""
+    """(ids, loss mask) of an example, segment by segment exactly as a rollout encodes it. The mask
+    is 0 on context, 1 on completions, `DECISION` on completions that act on the rules (the
+    coldstart loss weights those up: the reads and ids are easy, the decision is what fails)."""
     sc = get(ex.scaffold)
     ids: list[int] = []
     mask: list[int] = []
     for j, (text, target) in enumerate(ex.segments):
         seg = sc.encode(tokenizer, text, first=(j == 0))
         ids += seg
-        mask += [int(target)] * len(seg)
+        mask += [DECISION if j in ex.decisions else int(target)] * len(seg)
     return ids, mask

@@ -15,7 +15,7 @@ from dynamic_bench import get_domain
 from dynamic_bench.actions import format_action
 from training.coldstart import DONE, config_for, ensure_coldstart, train_coldstart
 from training.coldstart_eval import evaluate, memory_tasks, pass_at_k
-from training.sft_data import encode_example, generate_examples
+from training.sft_data import DECISION, encode_example, generate_examples
 
 TINY = dict(n_examples=120, n_corpus=80, max_steps=12, batch_size=4, save_every=4, num_threads=1, copy_warmup_steps=6)
 
@@ -77,6 +77,41 @@ def test_loss_mask_covers_completions_only(bench_policy):
         assert "<|end|>" in target_text and "<|obs|>" not in target_text and "<|system|>" not in target_text
         n_targets = sum(1 for _, t in e.segments if t)
         assert target_text.count("<|end|>") == n_targets
+
+
+def test_decision_completions_are_the_rule_actions_not_the_reads():
+    from runtime.scaffolds import get
+
+    for e in generate_examples(40, seed=2):
+        d, p = get_domain(e.domain), _params(e)
+        reads = {format_action(c) for calls in d.reads(p, p["rules"]) for c in calls}
+        targets = [i for i, (_, tgt) in enumerate(e.segments) if tgt]
+        assert e.decisions and set(e.decisions) <= set(targets) and e.decisions[-1] == targets[-1]  # the reply
+        for i in targets:
+            action = get(e.scaffold).parse_completion(e.segments[i][0])[0]
+            assert (i in e.decisions) == (action not in reads), (action, reads)
+
+
+def test_decision_weight_scales_only_decision_tokens():
+    import torch
+
+    from training.coldstart import sft_step_loss
+
+    class Fixed(torch.nn.Module):  # logits that give token 1 probability 0.5 and every other token 0.5/3
+        def forward(self, input_ids, attention_mask):
+            logits = torch.zeros(*input_ids.shape, 4)
+            logits[..., 1] = torch.log(torch.tensor(3.0))
+            return type("Out", (), {"logits": logits})()
+
+    ids = torch.tensor([[0, 1, 2, 1]])  # targets: 1 (nll ln 2), 2 (ln 6), 1 (ln 2)
+    att = torch.ones_like(ids)
+    labels = torch.tensor([[-100, 1, 2, 1]])
+    mask = torch.tensor([[0, 1, DECISION, 1]])
+    ln2, ln6 = torch.log(torch.tensor(2.0)), torch.log(torch.tensor(6.0))
+    plain = sft_step_loss(Fixed(), ids, att, labels, 0.0)
+    assert torch.isclose(plain, (2 * ln2 + ln6) / 3)
+    assert torch.isclose(sft_step_loss(Fixed(), ids, att, labels, 0.0, mask, 1.0), plain)
+    assert torch.isclose(sft_step_loss(Fixed(), ids, att, labels, 0.0, mask, 4.0), (2 * ln2 + 4 * ln6) / 6)
 
 
 def _run_killed(out: Path, kill_after_step: int) -> None:
