@@ -76,6 +76,18 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
 
 
+def test_large_seeded_batch_is_sampled_whole(engine, prompts):
+    """More prompt tokens than one default scheduler step holds (vLLM would prefill in chunks; on
+    CPU a chunked seeded request crashed the engine core): every request comes back, reproducibly."""
+    engine.load_adapter(None, "base")
+    batch = [[t for j in range(80) for t in prompts[(i + j) % len(prompts)]] for i in range(32)]
+    assert sum(map(len, batch)) > 16384 and max(map(len, batch)) < 1000
+    p = SamplingParams(max_new_tokens=4, temperature=1.0, seed=5)
+    a = engine.generate(batch, p)
+    assert len(a) == len(batch) and all(g.token_ids for g in a)
+    assert [g.token_ids for g in a] == [g.token_ids for g in engine.generate(batch, p)]
+
+
 def test_greedy_is_batch_invariant(engine, prompts):
     engine.load_adapter(None, "base")
     p = SamplingParams(max_new_tokens=10, temperature=0.0)

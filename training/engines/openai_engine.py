@@ -140,6 +140,11 @@ class VLLMServer:
                "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "64"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        from training.engines.vllm_engine import cpu_token_budget
+
+        budget = cpu_token_budget(self.model_path, self.max_model_len, 64)  # see vllm_engine.py
+        if budget:
+            cmd += ["--max-num-batched-tokens", str(budget)]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         self._log = open(self.log_path or os.devnull, "wb")

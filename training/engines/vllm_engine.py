@@ -5,6 +5,11 @@ vLLM starts its engine core in a spawned process: scripts that build a `VLLMEngi
 trainer's on identical weights (../shared/DEPENDENCY-NOTES.md). Sampled-token logprobs are vLLM's
 `processed_logprobs` (after temperature), the convention of base.py; call `close()` (or use the
 engine as a context manager) so no worker process outlives it.
+
+On CPU, a seeded request whose prompt is prefilled in chunks crashes vLLM (the sampler rewinds the
+request's generator, which only CUDA generators allow: `CPU Generator does not use offset`; seen at
+batch 32 of ~400-token prompts). So on CPU the scheduler's token budget is raised to
+`max_num_seqs * max_model_len`: every prompt of a batch is prefilled whole, in one step.
 """
 from __future__ import annotations
 
@@ -15,6 +20,19 @@ from pathlib import Path
 from typing import Sequence
 
 from training.engines.base import Engine, Generation, SamplingParams
+
+
+def cpu_token_budget(model_path: str, max_model_len: int | None, max_num_seqs: int) -> int | None:
+    """The scheduler token budget that prefills every prompt whole on CPU; None on other platforms."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    if max_model_len is None:
+        from transformers import AutoConfig
+
+        max_model_len = int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
+    return max_num_seqs * max_model_len
 
 
 class VLLMEngine(Engine):
@@ -28,6 +46,9 @@ class VLLMEngine(Engine):
         from vllm import LLM
 
         self.model_path = str(model_path)
+        budget = cpu_token_budget(self.model_path, max_model_len, max_num_seqs)
+        if budget and "max_num_batched_tokens" not in llm_kwargs:
+            llm_kwargs["max_num_batched_tokens"] = budget
         self.llm = LLM(model=self.model_path, dtype="float32", enable_lora=True, max_lora_rank=max_lora_rank,
                        max_loras=max_loras, enforce_eager=True, seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", **llm_kwargs)
