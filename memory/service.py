@@ -40,6 +40,10 @@ class MemoryConfig:
     validate_min_helpful: int = 2  # helpful outcomes that promote a candidate
     outcome_window: int = 5  # recent outcomes considered for automatic invalidation
     invalidate_min_harmful: int = 2
+    # A note of what the user said or did (provenance source "user") is evidence, not the agent's guess: an agent
+    # that fails while ignoring it does not make it wrong. Such items count outcomes but leave only
+    # when superseded, retracted or retired. True puts them under the same automatic invalidation.
+    invalidate_user_items: bool = False
     w_vector: float = 0.6
     w_keyword: float = 0.3
     w_graph: float = 0.1
@@ -207,7 +211,8 @@ class MemoryService:
 
     def record_outcome(self, item_id: str, helpful: bool, trajectory_id: str | None = None, *,
                        tenant: str | None = None, evidence: str = "") -> MemoryItem:
-        """Count one use of the item; promote or invalidate it automatically from the evidence."""
+        """Count one use of the item; promote or invalidate it automatically from the evidence
+        (user-sourced items are not invalidated by outcomes unless `invalidate_user_items`)."""
         cfg = self.cfg
 
         def mutate(it: MemoryItem) -> None:
@@ -217,7 +222,9 @@ class MemoryService:
                 it.harmful += 1
             it.recent = (it.recent + [1 if helpful else 0])[-cfg.outcome_window:]
             bad = it.recent.count(0)
-            if (it.status in ("candidate", "validated") and bad >= cfg.invalidate_min_harmful
+            said_by_user = any(p.source == "user" for p in it.provenance)
+            may_invalidate = cfg.invalidate_user_items or not said_by_user
+            if (may_invalidate and it.status in ("candidate", "validated") and bad >= cfg.invalidate_min_harmful
                     and bad > len(it.recent) - bad):
                 it.status, it.valid_to = "retracted", time.time()
                 it.status_reason = f"invalidated: {bad} of the last {len(it.recent)} uses were harmful"

@@ -25,6 +25,7 @@ def coldstart(
     k: int = typer.Option(8, help="samples per task for pass@k"),
     eval_max_steps: int = typer.Option(10, help="turns per evaluation episode"),
     threads: int = typer.Option(2, help="torch threads"),
+    device: str = typer.Option("cpu", help="where the SFT steps run: cpu | cuda (the result is reused on any device)"),
 ) -> None:
     """SFT the policy on DriftBench oracle episodes (resumable), then evaluate it."""
     import torch
@@ -33,7 +34,7 @@ def coldstart(
 
     torch.set_num_threads(threads)
     overrides = {k_: v for k_, v in (("max_steps", steps), ("n_examples", examples)) if v is not None}
-    policy = ensure_coldstart(out, preset, seed, progress=True, num_threads=threads, **overrides)
+    policy = ensure_coldstart(out, preset, seed, progress=True, device=device, num_threads=threads, **overrides)
     typer.echo(f"policy: {policy}")
     if eval_tasks > 0:
         from training.coldstart_eval import evaluate

@@ -157,8 +157,11 @@ def sft_step_loss(model, ids, att, labels, context_weight: float, mask=None, dec
     return loss
 
 
-def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = True) -> Path:
-    """Run (or resume) cold-start SFT; write `out_dir/policy` and `out_dir/DONE.json`."""
+def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = True, device: str = "cpu") -> Path:
+    """Run (or resume) cold-start SFT; write `out_dir/policy` and `out_dir/DONE.json`.
+
+    `device` ("cpu", "cuda") is where the steps run, not part of the config: a checkpoint written on
+    one device resumes on another, and a run finished on a GPU is reused by a CPU machine."""
     import torch
     from tqdm.auto import tqdm
 
@@ -174,7 +177,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
     examples = generate_examples(cfg.n_examples, seed=cfg.seed)
     data = [d for d in (encode_example(e, tok) for e in examples) if len(d[0]) <= cfg.max_len]
     torch.manual_seed(cfg.seed)
-    model = load_model(base, trainable=True)
+    model = load_model(base, trainable=True).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ckpt, step, log = out / "checkpoint.pt", 0, []
     if ckpt.exists():
@@ -185,7 +188,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
             state = None
         if state is not None and state.get("config") == cfg_dict:
             model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optim"])
+            opt.load_state_dict(state["optim"])  # moves the moments to the parameters' device
             step, log = state["step"], state["log"]
     t0, c0 = time.time(), time.process_time()  # CPU seconds too: wall time depends on the machine's load
     total = cfg.copy_warmup_steps + cfg.max_steps
@@ -198,10 +201,10 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
             break
         if step < cfg.copy_warmup_steps:
-            ids, att, labels, _ = copy_batch(tok, rng)
+            ids, att, labels, _ = (t.to(device) for t in copy_batch(tok, rng))
             lr, loss = cfg.lr, model(input_ids=ids, attention_mask=att, labels=labels).loss
         else:
-            ids, att, labels, mask = _batches(data, cfg, step - cfg.copy_warmup_steps)
+            ids, att, labels, mask = (t.to(device) for t in _batches(data, cfg, step - cfg.copy_warmup_steps))
             lr = _lr_at(step - cfg.copy_warmup_steps, cfg)
             loss = sft_step_loss(model, ids, att, labels, cfg.context_loss_weight, mask, cfg.decision_loss_weight)
         for g in opt.param_groups:
@@ -222,7 +225,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
                         "config": cfg_dict}, tmp)
             os.replace(tmp, ckpt)
     bar.close()
-    model.eval()
+    model.cpu().eval()
     policy = save_policy(model, tok, out / "policy", meta={"preset": cfg.preset, "seed": cfg.seed,
                                                             "steps": step, "coldstart": cfg_dict})
     with open(out / "train_log.jsonl", "w") as f:
@@ -253,7 +256,7 @@ def _plot(log: list[dict], path: Path) -> None:
 
 
 def ensure_coldstart(out_dir: str | Path, preset: str = "small", seed: int = 0, progress: bool = True,
-                     **overrides) -> Path:
+                     device: str = "cpu", **overrides) -> Path:
     """The cold-start policy folder `out_dir/policy`: reused if built with the same config, else
     built (or resumed from its checkpoint)."""
     cfg = config_for(preset, seed, **overrides)
@@ -266,4 +269,4 @@ def ensure_coldstart(out_dir: str | Path, preset: str = "small", seed: int = 0, 
         except json.JSONDecodeError:
             pass
         done.unlink()
-    return train_coldstart(out, cfg, progress=progress)
+    return train_coldstart(out, cfg, progress=progress, device=device)

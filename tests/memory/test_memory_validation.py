@@ -37,6 +37,27 @@ def test_harm_outweighing_help_after_a_change_invalidates(svc):
     assert svc.explain(it.id).item.helpful == 4  # counts and history are kept
 
 
+def test_failures_do_not_invalidate_what_the_user_said(svc, open_service):
+    """The agent failing while a user's correction was in its context blames the agent: the note
+    stays retrievable (counted as harmful), while an agent-written note with the same history goes."""
+    from memory import MemoryConfig
+
+    said = svc.add("alice", "The user said: the refund window is now 20 days", kind="user_preference",
+                   source="user", trajectory_id="t0")
+    guess = svc.add("alice", "Refunds are fine up to 30 days", kind="strategy", trajectory_id="t0")
+    for i in range(4):
+        said = svc.record_outcome(said.id, False, f"bad{i}")
+        guess = svc.record_outcome(guess.id, False, f"bad{i}")
+    assert guess.status == "retracted"
+    assert said.status == "candidate" and said.harmful == 4 and said.recent == [0, 0, 0, 0]
+    assert [h.item.id for h in svc.search("alice", "refund window", k=5)] == [said.id]
+    strict = open_service(config=MemoryConfig(invalidate_user_items=True))
+    it = strict.add("bob", "The user said: no", kind="user_preference", source="user")
+    for i in range(2):
+        it = strict.record_outcome(it.id, False, f"bad{i}")
+    assert it.status == "retracted"
+
+
 def test_supersession_keeps_history_and_validity_intervals(svc):
     old = svc.add("alice", "Refunds are allowed within 30 days", kind="strategy",
                   trajectory_id="t1", payload={"subject": "refund_window", "value": 30})

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from training.rl.loss import group_advantages, is_weights, kl_k3, policy_loss, sft_loss
+from training.rl.loss import group_advantages, is_weights, kl_k2, policy_loss, sft_loss
 
 
 def _grad(fn, logp0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,17 +127,21 @@ def test_non_decoupled_refuses_corrections_and_clips_against_behaviour():
     assert g.abs().sum() == 0.0
 
 
-def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
+def test_kl_k2_is_zero_at_reference_positive_elsewhere_and_grows_quadratically():
     lp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
-    assert torch.allclose(kl_k3(lp, lp), torch.zeros(3))
-    assert (kl_k3(lp, torch.log(torch.tensor([0.4, 0.1, 0.5]))) > 0).all()
+    assert torch.allclose(kl_k2(lp, lp), torch.zeros(3))
+    assert (kl_k2(lp, torch.log(torch.tensor([0.4, 0.1, 0.5]))) > 0).all()
     logp, behav, adv, mask = _one_row([1.0, 1.0])
     ref = logp - 0.3
     base = policy_loss(logp, behav, adv, mask, correction="none")
     with_kl = policy_loss(logp, behav, adv, mask, correction="none", ref_logp=ref, kl_coef=0.5)
-    expected_kl = math.exp(-0.3) + 0.3 - 1
+    expected_kl = 0.5 * 0.3 ** 2
     assert with_kl.stats["kl"] == pytest.approx(expected_kl, rel=1e-5)
     assert with_kl.loss.item() == pytest.approx(base.loss.item() + 0.5 * expected_kl, rel=1e-5)
+    # a token the policy moved 10 nats below the reference: k2's pull is 10 per token, not e^10
+    far = torch.tensor([[-12.0]], requires_grad=True)
+    kl_k2(far, torch.tensor([[-2.0]])).sum().backward()
+    assert far.grad.item() == pytest.approx(-10.0)
 
 
 def test_group_advantages_drop_zero_variance_groups():

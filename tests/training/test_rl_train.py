@@ -73,6 +73,23 @@ def test_same_seed_gives_identical_losses_for_20_steps(drift_policy, tmp_path, d
     assert c.exists()
 
 
+def test_corrections_are_kept_and_redrawn_by_later_steps(drift_policy, tmp_path, deny_pool):
+    """The users' corrections of step 1 come back in step 2's supervised rows (and in the checkpoint,
+    so a resumed run keeps them); with `keep_corrections=False` a step trains only on its own."""
+    import torch
+
+    kw = dict(steps=8, checkpoint_every=8, experience_per_step=4)
+    _run(_cfg(drift_policy, tmp_path / "kept", **kw), deny_pool)
+    _run(_cfg(drift_policy, tmp_path / "once", keep_corrections=False, **kw), deny_pool)
+    kept, once = read_metrics(tmp_path / "kept"), read_metrics(tmp_path / "once")
+    first = next(i for i, r in enumerate(once) if r["sft_rows"] > 0)  # the first step with corrections
+    assert first < 7 and _trace(tmp_path / "kept")[:first + 1] == _trace(tmp_path / "once")[:first + 1]
+    assert kept[first + 1]["sft_rows"] == once[first + 1]["sft_rows"] + min(4, once[first]["sft_rows"])
+    saved = torch.load(tmp_path / "kept" / "checkpoint" / "state.pt", weights_only=False)["corrections"]
+    keys = [(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in saved]
+    assert len(keys) == len(set(keys)) >= once[first]["sft_rows"] and all(r.sft for r in saved)
+
+
 class Interrupt(Exception):
     pass
 

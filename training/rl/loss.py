@@ -10,7 +10,7 @@ Three log-probabilities meet here, per completion token t:
 Decoupled PPO (AReaL; also veRL's "rollout correction" layout) splits the two gaps:
   surrogate   r_t = π_θ / π_prox  clipped to [1-ε_low, 1+ε_high]          (trust region)
   IS weight   ρ_t = π_prox / π_behav, turned into w_t by `correction`      (staleness + mismatch)
-  loss_t      = -w_t · min(r_t A, clip(r_t) A)  (+ kl_coef · KL_t to the reference)
+  loss_t      = -w_t · min(r_t A, clip(r_t) A)  (+ kl_coef · ½(log π_θ - log π_ref)², see kl_k2)
 With `decoupled=False` the surrogate ratio is taken against the behaviour policy directly
 (r_t = π_θ / π_behav, plain GRPO/DAPO), and there is no separate weight to correct.
 
@@ -93,10 +93,16 @@ def is_weights(
     return w_seq[seq_index].unsqueeze(-1).expand_as(rho).clone()
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(π_θ || π_ref) per token: e^(ref-logp) - (ref-logp) - 1 ≥ 0."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The k2 term of KL(π_θ || π_ref) per token: ½ (logp - ref)² ≥ 0.
+
+    Why k2 and not Schulman's k3 (e^d - d - 1, d = ref - logp): as a loss on samples of π, k2's
+    gradient is the gradient of the reverse KL (Tang & Munos 2025; k3's is not), and it grows
+    quadratically where k3 grows exponentially. That matters here: exploration puts actions π did
+    not sample into the batch, and after a rule shift π has learned to avoid actions the reference
+    still likes; on such tokens d is large, and in a silent-shift run the mean k3 over a step's
+    tokens jumped from 0.08 to 107 in one step, outweighing the whole policy gradient."""
+    return 0.5 * (logp - ref_logp) ** 2
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, seq_index: torch.Tensor | None = None) -> torch.Tensor:
@@ -163,7 +169,7 @@ def policy_loss(
     per_token = -weights * surrogate
     kl = None
     if ref_logp is not None:
-        kl = kl_k3(logp, ref_logp.detach())
+        kl = kl_k2(logp, ref_logp.detach())
         if kl_coef:
             per_token = per_token + kl_coef * kl
     loss = aggregate(per_token, mask, agg, seq_index)

@@ -71,6 +71,7 @@ class RLConfig:
     pref_coef: float = 0.0  # weight of the DPO term on logged preference pairs (TaskPool.pref_pairs)
     dpo_beta: float = 0.1
     experience_per_step: int = 8  # logged SFT rows and preference pairs drawn into each step
+    keep_corrections: bool = True  # the run's corrections join the logged rows that each step draws from
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -193,8 +194,9 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
     diag = Diagnostics(out)
     channel = AdapterChannel(out / "adapters")
     adapter_path: Path | None = None
+    ckpt_state: dict | None = None
     if ckpt is not None:
-        st = torch.load(ckpt / "state.pt", weights_only=False)
+        st = ckpt_state = torch.load(ckpt / "state.pt", weights_only=False)
         learner.load_state_dict(st["learner"])
         step, version, order_id = st["step"], st["version"], st["order_id"]
         sched = TaskScheduler.from_state_dict(st["scheduler"])
@@ -214,6 +216,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         return WorkOrder(order_id, tid, g, seed=cfg.seed * 1_000_003 + order_id, payload={"task": pool.tasks[tid]})
 
     admitted: list = []  # every admitted group of the current step, informative or not
+    corrections: list[Row] = ckpt_state.get("corrections", []) if ckpt_state else []  # this run's, kept
 
     def keep(res) -> bool:
         admitted.append(res.trajectories)
@@ -238,8 +241,12 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             trajs = [g.trajectories for g in groups]
             rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
             # corrections count even from all-equal groups: that is where reward gives no signal
-            sft: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
-            sft += _draw(pool.sft_rows, cfg.experience_per_step, f"{cfg.seed}/sft/{step}") if cfg.sft_coef else []
+            fresh: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
+            sft = fresh + (_draw(pool.sft_rows + corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
+                           if cfg.sft_coef else [])
+            if cfg.keep_corrections:  # later steps redraw them: ~5 new ones a step are too few to learn from once
+                known = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in corrections}
+                corrections += [r for r in fresh if (tuple(r.prompt_ids), tuple(r.completion_ids)) not in known]
             prefs = _draw(pool.pref_pairs, cfg.experience_per_step, f"{cfg.seed}/pref/{step}") if cfg.pref_coef else []
             lstats = learner.step(rows, sft, prefs)
             version += 1
@@ -268,7 +275,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
                                                 "scheduler": sched.state_dict(), "gate": gate.state_dict(),
-                                                "rng": rng.getstate()})
+                                                "rng": rng.getstate(), "corrections": corrections})
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", zv=f"{row['zero_var_frac']:.2f}")
