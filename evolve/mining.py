@@ -17,36 +17,14 @@ window (a resumed cycle) adds provenance, never a second item.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
-from dynamic_bench.actions import Reply, ToolCall, parse_action
 from dynamic_bench.schema import Task, Trajectory
 from evolve.simulator.ledger import task_of
+from memory.feedback_notes import feedback_notes, mask, rule_statements, template, tool_name
 
-_IDS = re.compile(r"\b[A-Z]-\d+\b")
-_NUM = re.compile(r"\d+")
-
-
-def _mask(text: str) -> str:
-    return _IDS.sub("#", text)
-
-
-def _template(instruction: str) -> str:
-    """The kind of request: ids and numbers masked."""
-    return _NUM.sub("N", _mask(instruction)).strip()
-
-
-def _tool(text: str) -> str | None:
-    a = parse_action(text)
-    return a.name if isinstance(a, ToolCall) else ("reply" if isinstance(a, Reply) else None)
-
-
-def rule_statements(text: str) -> list[str]:
-    """A user's reason, split into single statements ("no. a; b" → ["a", "b"])."""
-    body = re.sub(r"^\s*(no|nope)[.,:!]?\s*", "", text.strip(), flags=re.I)
-    return [s.strip().rstrip(".") for s in re.split(r"[;\n]", body) if len(s.strip()) > 3]
+__all__ = ["experience", "mine_items", "rule_contexts", "rule_statements", "task_pool"]
 
 
 def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int = 4) -> list[dict[str, Any]]:
@@ -75,31 +53,20 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
             if user:
                 answers[(t.tenant, user)][f.kind] += 1
                 answer_src.setdefault((t.tenant, user), t)
-            if f.kind == "respond" and f.payload.get("text"):
-                for st in rule_statements(str(f.payload["text"])):
-                    add(t.tenant, "task_experience", f"Rule: {st}.", t, f.step,
-                        f"user said {f.payload['text']!r} rejecting {f.payload.get('proposed')}",
-                        {"type": "rule", "statement": st})
-            elif f.kind in ("edit", "takeover") and f.payload.get("action"):
-                a, b = _tool(str(f.payload.get("proposed", ""))), _tool(str(f.payload["action"]))
-                if a and b and a != b:
-                    add(t.tenant, "task_experience",
-                        f"Rule: when you would {a} for a request like '{_template(task.instruction) if task else ''}', "
-                        f"users {'replace' if f.kind == 'edit' else 'do'} {b} instead.", t, f.step,
-                        f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
-                        {"type": "correction", "from": a, "to": b})
+        for n in feedback_notes(t.feedback, task.instruction if task else ""):
+            add(t.tenant, n["kind"], n["text"], t, n["step"], n["evidence"], n["payload"])
         for s in t.steps:  # errors of well-formed tool calls (not of malformed model output)
-            if _tool(s.action_text) in (None, "reply"):
+            if tool_name(s.action_text) in (None, "reply"):
                 continue
             if s.observation.startswith("error:") or " is deprecated" in s.observation:
-                msg = _mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
+                msg = mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
                 add(t.tenant, "tool_knowledge", f"Tool note: {msg.removeprefix('error: ')}", t, s.index,
-                    f"{s.action_text} -> {s.observation}", {"type": "tool_error", "tool": _tool(s.action_text)})
+                    f"{s.action_text} -> {s.observation}", {"type": "tool_error", "tool": tool_name(s.action_text)})
         if t.outcome == "success" and task is not None:
-            seq = [n for n in (_tool(s.action_text) for s in t.steps) if n]
+            seq = [n for n in (tool_name(s.action_text) for s in t.steps) if n]
             corrected = any(f.kind != "approve" for f in t.feedback)
             if seq and not corrected:
-                add(t.tenant, "strategy", f"Strategy: for a request like '{_template(task.instruction)}', "
+                add(t.tenant, "strategy", f"Strategy: for a request like '{template(task.instruction)}', "
                     f"{' then '.join(seq)} succeeded.", t, None, f"{t.id} succeeded",
                     {"type": "strategy", "sequence": seq})
     for (tenant, user), c in answers.items():

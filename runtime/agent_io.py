@@ -1,5 +1,5 @@
 """The graph's two side doors: the policy (scaffold -> token ids -> engine -> action text) and
-memory (trajectory, outcomes of recalled items, facts extracted from the human's answers).
+memory (trajectory, outcomes of recalled items, notes of what the human's answers said).
 
 Token in, token out: the prompt ids rendered here are the ids sampled from and recorded in the
 Step, and the completion ids are the engine's own; text is decoded only to parse the action.
@@ -12,6 +12,7 @@ from typing import Any
 
 from dynamic_bench.actions import ToolSpec
 from dynamic_bench.schema import Trajectory
+from memory.feedback_notes import feedback_notes
 from runtime import scaffolds
 from training.engines.base import SamplingParams
 from training.policy import stop_token_ids
@@ -76,19 +77,6 @@ def remember(memory: Any, traj: Trajectory, wm: dict[str, Any], ep: dict[str, An
                                       evidence=f"{traj.task_id}: {traj.outcome}")
             except Exception as e:  # an item retracted meanwhile: nothing to credit
                 log.info("outcome for %s not recorded: %s", r["id"], e)
-    facts = []
-    for fb in traj.feedback:  # what the human told or showed the agent, as candidate memories
-        if fb.kind == "respond" and fb.payload.get("text"):
-            facts.append(dict(text=f"The user said: {fb.payload['text']}", kind="user_preference"))
-        elif fb.kind in ("edit", "takeover") and fb.payload.get("action"):
-            facts.append(dict(text=f"For a request like '{ep.get('instruction', '')[:160]}', the user replaced "
-                                   f"{fb.payload.get('proposed')} with {fb.payload['action']}",
-                              kind="task_experience"))
-        elif fb.kind == "reject":
-            facts.append(dict(text=f"For a request like '{ep.get('instruction', '')[:160]}', the user rejected "
-                                   f"{fb.payload.get('proposed')}", kind="task_experience"))
-        if facts and "step" not in facts[-1]:
-            facts[-1].update(step=fb.step)
-    if facts:
-        memory.add_many([dict(tenant=traj.tenant, trajectory_id=traj.id, source="user",
-                              evidence=f"feedback on step {f['step']}", **f) for f in facts])
+    notes = feedback_notes(traj.feedback, ep.get("instruction", ""))  # the cycle's mining writes the same text
+    if notes:
+        memory.add_many([dict(tenant=traj.tenant, trajectory_id=traj.id, **n) for n in notes])

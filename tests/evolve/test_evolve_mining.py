@@ -104,3 +104,29 @@ def test_experience_learns_only_what_is_still_right_after_a_silent_shift():
     assert all(still_right(t, announced) for t in old) and all(still_right(t, None) for t in old)
     rng = random.Random(0)
     assert all(still_right(make_task(d, rng, rule_version=2, shown=(1, v1)), silent) for _ in range(20))
+
+
+def test_online_notes_are_the_mined_items_without_ids(tmp_path):
+    """The runtime's notes after an episode (`runtime.agent_io.remember`) and the cycle's mining
+    write the same masked text, so memory holds one item per rule."""
+    from memory import MemoryService
+    from runtime.agent_io import remember
+
+    trajs = log()
+    svc = MemoryService(tmp_path / "mem")
+    try:
+        for t in trajs:
+            remember(svc, t, {}, {"instruction": _task(trajs.index(t)).instruction})
+        online = {it.text for it in svc.items("acme")}
+        assert online and not any(c in text for text in online for c in ("O-1", "O-2", "U-"))
+        assert "Rule: refund window is now 14 days." in online
+        assert any("users replace escalate instead" in x for x in online)
+        mined = {s["text"] for s in mine_items(trajs, "cycle-x") if s["kind"] == "task_experience"}
+        assert online <= mined
+        svc.add_many([s for s in mine_items(trajs, "cycle-x")])
+        merged = [it for it in svc.items("acme") if it.text == "Rule: refund window is now 14 days."]
+        assert len(merged) == 1 and merged[0].provenance[0].source == "user"  # the user's own words
+        inferred = next(it for it in svc.items("acme") if "users replace escalate" in it.text)
+        assert inferred.provenance[0].source == "agent"  # a generalisation: outcomes may invalidate it
+    finally:
+        svc.close()

@@ -119,7 +119,7 @@ def test_task_run_with_every_kind_of_answer(server, h):
     q = {"query": "please deny it, it is too late"}
     hits = httpx.post(f"{server.url}/memory/search", headers=h.headers(), json=q).json()
     mine = [x for x in hits if "too late" in x["text"]]
-    assert mine and mine[0]["kind"] == "user_preference"
+    assert mine and mine[0]["kind"] == "task_experience" and mine[0]["text"] == "Rule: please deny it, it is too late."
     assert mine[0]["provenance"][0]["trajectory_id"] == traj["id"]
     bob = httpx.post(f"{server.url}/memory/search", headers=h.headers("bob"), json=q).json()
     assert not [x for x in bob if "too late" in x["text"]]

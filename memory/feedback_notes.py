@@ -1,0 +1,65 @@
+"""What users' feedback says, as memory notes: the same text online (the runtime, after each
+judged episode) and in the nightly cycle's mining, so the two dedupe into one item.
+
+Notes are about a kind of request, never one order: ids are masked. Why: the policy copies ids it
+sees, and an online note that quoted one user's order and id (merged by dedup with every similar
+note after it) made the served agent look that user up in every later episode.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+from dynamic_bench.actions import Reply, ToolCall, parse_action
+from dynamic_bench.schema import Feedback
+
+_IDS = re.compile(r"\b[A-Z]-\d+\b")
+_NUM = re.compile(r"\d+")
+CORRECTIONS = ("edit", "takeover")
+
+
+def mask(text: str) -> str:
+    """Ids replaced by '#'."""
+    return _IDS.sub("#", text)
+
+
+def template(instruction: str) -> str:
+    """The kind of request: ids and numbers masked."""
+    return _NUM.sub("N", mask(instruction)).strip()
+
+
+def tool_name(action_text: str) -> str | None:
+    """The tool an action text calls ('reply' for a reply, None when unparsable)."""
+    a = parse_action(action_text)
+    return a.name if isinstance(a, ToolCall) else ("reply" if isinstance(a, Reply) else None)
+
+
+def rule_statements(text: str) -> list[str]:
+    """A user's reason, split into single statements ("no. a; b" → ["a", "b"])."""
+    body = re.sub(r"^\s*(no|nope)[.,:!]?\s*", "", text.strip(), flags=re.I)
+    return [s.strip().rstrip(".") for s in re.split(r"[;\n]", body) if len(s.strip()) > 3]
+
+
+def feedback_notes(feedback: Iterable[Feedback], instruction: str) -> list[dict[str, Any]]:
+    """Note specs (kind, text, step, evidence, source, payload) from one episode's feedback: a rule
+    per statement a user gave when rejecting (source "user": their words), and "use B instead of A"
+    per correction that changed the tool (source "agent": our generalisation of one correction,
+    which can be wrong, e.g. when the amount decided it, so outcomes may invalidate it). Plain
+    approvals and bare rejections say nothing a note could carry."""
+    out = []
+    for f in feedback:
+        if f.kind == "respond" and f.payload.get("text"):
+            for st in rule_statements(str(f.payload["text"])):
+                out.append(dict(kind="task_experience", text=f"Rule: {st}.", step=f.step, source="user",
+                                evidence=f"user said {f.payload['text']!r} rejecting {f.payload.get('proposed')}",
+                                payload={"type": "rule", "statement": st}))
+        elif f.kind in CORRECTIONS and f.payload.get("action"):
+            a, b = tool_name(str(f.payload.get("proposed", ""))), tool_name(str(f.payload["action"]))
+            if a and b and a != b:
+                verb = "replace" if f.kind == "edit" else "do"
+                out.append(dict(kind="task_experience", step=f.step, source="agent",
+                                text=f"Rule: when you would {a} for a request like '{template(instruction)}', "
+                                     f"users {verb} {b} instead.",
+                                evidence=f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
+                                payload={"type": "correction", "from": a, "to": b}))
+    return out
