@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from dynamic_bench.schema import Task, Trajectory
 from evolve.simulator.ledger import task_of
@@ -27,8 +27,14 @@ from memory.feedback_notes import feedback_notes, mask, rule_statements, templat
 __all__ = ["experience", "mine_items", "rule_contexts", "rule_statements", "task_pool"]
 
 
-def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int = 4) -> list[dict[str, Any]]:
-    """Memory item specs (for `MemoryService.add_many`), deduplicated within the window."""
+def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int = 4,
+               current: Callable[[Trajectory], bool] = lambda t: True) -> list[dict[str, Any]]:
+    """Memory item specs (for `MemoryService.add_many`), deduplicated within the window.
+
+    Strategies come only from `current` episodes (the cycle passes: under the rules in force now).
+    Why: after a silent shift an earlier success is stale advice whose text cannot say when it
+    still holds; "get_order then exchange then reply succeeded", mined from v1 episodes, kept the
+    served agent exchanging after the exchange window shrank."""
     specs: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def add(tenant: str, kind: str, text: str, traj: Trajectory, step: int | None, evidence: str,
@@ -62,7 +68,7 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
                 msg = mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
                 add(t.tenant, "tool_knowledge", f"Tool note: {msg.removeprefix('error: ')}", t, s.index,
                     f"{s.action_text} -> {s.observation}", {"type": "tool_error", "tool": tool_name(s.action_text)})
-        if t.outcome == "success" and task is not None:
+        if t.outcome == "success" and task is not None and current(t):
             seq = [n for n in (tool_name(s.action_text) for s in t.steps) if n]
             corrected = any(f.kind != "approve" for f in t.feedback)
             if seq and not corrected:

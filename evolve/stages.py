@@ -69,13 +69,22 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 # ---- 1. mine ---------------------------------------------------------------------------------------
 def mine(ctx: CycleContext) -> dict:
-    from evolve.mining import mine_items
+    from evolve.mining import mine_items, rule_contexts
+    from evolve.simulator.ledger import task_of
 
     mem = memory(ctx)
     page = mem.trajectories(after_cursor=ctx.state.after_cursor)
     trajs = [t for t in page.trajectories if _in_scope(ctx.cfg, t)]
     write_json(ctx.dir / "window.json", {"trajectory_ids": [t.id for t in trajs], "cursor": page.cursor})
-    specs = mine_items(trajs, ctx.state.cycle_id)
+    contexts = rule_contexts(trajs)
+    latest = contexts[-1] if contexts else None
+
+    def current(t) -> bool:  # under the latest rules as users meet them (see mine_items)
+        task = task_of(t)
+        return latest is None or (task is not None and task.params.get("rules") == latest["rules"]
+                                  and task.params.get("shown_rules") == latest["shown_rules"])
+
+    specs = mine_items(trajs, ctx.state.cycle_id, current=current)
     items = mem.add_many(specs) if specs else []  # one transaction: all of it or none of it
     ctx.fault_point("mine")
     validated = 0

@@ -54,6 +54,8 @@ def test_items_have_provenance_and_support_and_are_deduplicated():
     kinds = Counter(s["kind"] for s in specs)
     assert kinds["tool_knowledge"] == 1 and kinds["strategy"] == 1 and kinds["task_experience"] >= 3
     assert any("replace escalate" in s["text"] for s in specs)  # the edit: refund → escalate
+    stale = mine_items(log(), "cycle-x", current=lambda t: False)  # no episode under the rules now in force
+    assert not [s for s in stale if s["kind"] == "strategy"] and len(stale) == len(specs) - 1
 
 
 def test_mining_the_same_window_twice_adds_no_item(tmp_path):
