@@ -73,6 +73,9 @@ class AgentConfig:
     max_context: int = 1024        # the model's context (prompt + completion)
     temperature: float = 1.0
     recall_k: int = 3
+    # what the policy is shown: not user_preference items ("User U-855 usually approves ..."): they
+    # describe users for people and the simulator, and their ids were copied into tool calls
+    recall_kinds: tuple[str, ...] = ("task_experience", "tool_knowledge", "strategy")
     short_term_keep: int = 5
     default_scaffold: str = "direct"
     approval: str = "writes"       # writes | all (see needs_approval)
@@ -138,7 +141,7 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
         recalled = []
         if deps.memory is not None and query.strip():
             try:
-                hits = deps.memory.search(c["tenant"], query, k=deps.cfg.recall_k)
+                hits = deps.memory.search(c["tenant"], query, k=deps.cfg.recall_k, kinds=list(deps.cfg.recall_kinds))
                 recalled = [{"id": h.item.id, "text": h.item.text, "kind": h.item.kind,
                              "score": round(float(h.score), 4)} for h in hits]
             except Exception as e:  # memory trouble degrades recall, it does not fail the turn

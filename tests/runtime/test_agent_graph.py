@@ -145,3 +145,27 @@ def test_postgres_checkpointer_keeps_a_paused_thread(engine_runner, pg_url):
         assert after["history"][-2]["text"] == "user rejected it; nothing changed" and after["applied"] == []
     finally:
         close2()
+
+
+def test_recall_shows_the_policy_rules_not_descriptions_of_users(engine_runner, tmp_path):
+    """Working memory holds task experience; a user_preference item, however similar to the
+    request, stays out of the prompt (its user ids were copied into tool calls)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from memory import KINDS, MemoryService
+
+    mem = MemoryService(tmp_path / "mem")
+    try:
+        _, graph = _graph(engine_runner, InMemorySaver(), memory=mem)
+        cfg = _paused(graph, "recall")
+        request = graph.get_state(cfg).values["episode"]["instruction"]
+        mem.add("t1", f"Rule: for '{request}' deny it.", kind="task_experience")
+        mem.add("t1", f"User U-999 usually approves '{request}'.", kind="user_preference")
+        cfg2 = _paused(graph, "recall-2")  # the same task: the same request
+        recalled = graph.get_state(cfg2).values["working_memory"]["recalled"]
+        assert [r["kind"] for r in recalled] == ["task_experience"]
+        _, every_kind = _graph(engine_runner, InMemorySaver(), memory=mem, recall_kinds=KINDS)
+        shown = every_kind.get_state(_paused(every_kind, "recall-3"))
+        assert {r["kind"] for r in shown.values["working_memory"]["recalled"]} == {"task_experience", "user_preference"}
+    finally:
+        mem.close()
