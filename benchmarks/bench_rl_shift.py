@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     base = RLConfig(model=model, steps=args.steps, groups_per_step=args.groups, group_size=args.group_size,
                     n_workers=args.workers, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                     explore_eps=args.explore_eps, sft_coef=args.sft_coef, kl_coef=args.kl_coef, lr=args.lr,
+                    experience_per_step=args.experience,
                     eval_every=args.eval_every, eta=args.eta, seed=args.seed, checkpoint_every=10**6,
                     progress=False, resume=False)
     factory = EpisodeRunnerFactory.from_config(base)
@@ -156,19 +157,20 @@ def main() -> None:
     ap.add_argument("--model", default=os.environ.get("EVOLVE_POLICY"), help="policy folder (default: tiny cold start)")
     ap.add_argument("--cache", default="runs/bench")
     ap.add_argument("--work", default=None)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--eta", type=int, default=2)
-    ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--tasks", type=int, default=256, help="new-rule training tasks (and as many replay tasks)")
     ap.add_argument("--heldout", type=int, default=24)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=40)
-    ap.add_argument("--explore-eps", type=float, default=0.15)
-    ap.add_argument("--sft-coef", type=float, default=0.5)
-    ap.add_argument("--kl-coef", type=float, default=0.02)
+    ap.add_argument("--explore-eps", type=float, default=0.05)
+    ap.add_argument("--sft-coef", type=float, default=1.0)
+    ap.add_argument("--experience", type=int, default=32, help="kept corrections redrawn into each step")
+    ap.add_argument("--kl-coef", type=float, default=0.05)
     ap.add_argument("--replay-share", type=float, default=0.3)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
