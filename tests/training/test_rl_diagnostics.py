@@ -34,6 +34,10 @@ def test_diagnosis_fires_each_rule_of_thumb():
     assert any("held-out stayed flat" in x and "off-policy" in x for x in offp)
     drift = diagnose(_rows(clip_frac=[0.0, 0.01, 0.02, 0.05, 0.08, 0.1, 0.15, 0.2]))
     assert any("drifting from the behaviour policy" in x for x in drift)
+    collapse = diagnose(_rows(zero_var_frac=[0.3] * 8, reward_mean=[0.6, 0.6, 0.5, 0.5, 0.3, 0.2, 0.1, 0.1],
+                              kl=[0.01, 0.02, 0.1, 0.3, 0.8, 1.5, 2.0, 2.5], entropy=[0.02] * 8))
+    assert any("reward fell" in x and "KL to the reference" in x and "entropy" not in x for x in collapse)
+    assert not collapse[0].startswith("healthy")
     ok = diagnose(_rows(zero_var_frac=[0.3] * 8, reward_mean=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
                         heldout_success=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], clip_frac=[0.01] * 8))
     assert ok[0].startswith("healthy")

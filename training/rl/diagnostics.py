@@ -145,7 +145,15 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
     if sum(seen) and sum(rej) / sum(seen) > 0.2:
         out.append(f"{sum(rej) / sum(seen):.0%} of groups were rejected as stale: raise η or bound the queue "
                    "tighter so rollouts do not run that far ahead.")
-    ent = _series(rows, "entropy")
+    ent, kl = _series(rows, "entropy"), _series(rows, "kl")
+    if len(tr) >= 4 and _ends(tr)[1] < _ends(tr)[0] - 0.1:
+        (t0, t1), rising = _ends(tr), []
+        for name, xs in (("KL to the reference", kl), ("token entropy", ent)):
+            if len(xs) >= 4 and _ends(xs)[1] > 2 * _ends(xs)[0] + 0.01:
+                rising.append(f"{name} {_ends(xs)[0]:.3f}→{_ends(xs)[1]:.3f}")
+        out.append(f"training reward fell {t0:.2f}→{t1:.2f}" + (f" while {' and '.join(rising)} rose: the policy "
+                   "is collapsing away from the reference" if rising else "") + "; lower the learning rate, raise "
+                   "kl_coef, and look at what the collapsed policy does (samples) before training longer.")
     if len(ent) >= 4:
         e0, e1 = _ends(ent)
         if e0 > 0 and e1 < 0.3 * e0:
