@@ -6,8 +6,8 @@ shift and keep v1. Two RL runs side by side in one process, both with action-lev
 corrections as supervised signal (PROTOTYPE-FINDINGS 4): without replay, and with a replay share of
 v1 tasks (PROTOTYPE-FINDINGS 5). Reported: greedy success on held-out new-rule tasks over learner
 steps and wall-clock, steps (and seconds) to reach 90%, and forgetting = success on held-out
-old-rule (scoped-out) tasks whose answer v2 did not change, before RL minus after. Target: new-rule success >= 90% within 30
-minutes with <= 3 points forgetting; the figures say what this machine reaches.
+old-rule (scoped-out) tasks whose answer v2 did not change, before RL minus after. Target: new-rule
+success >= 90% within 30 minutes with <= 3 points forgetting; the figures say what this machine reaches.
 
     .venv/bin/python benchmarks/bench_rl_shift.py --out bench-out/bench_rl_shift.json [--quick] [--model DIR]
 """

@@ -12,15 +12,15 @@ from typing import Any, Iterable
 
 from dynamic_bench.actions import Reply, ToolCall, parse_action
 from dynamic_bench.schema import Feedback
+from memory.text import _ID  # DriftBench-style ids (O-1042, U-7), as entity extraction reads them
 
-_IDS = re.compile(r"\b[A-Z]-\d+\b")
 _NUM = re.compile(r"\d+")
 CORRECTIONS = ("edit", "takeover")
 
 
 def mask(text: str) -> str:
     """Ids replaced by '#'."""
-    return _IDS.sub("#", text)
+    return _ID.sub("#", text)
 
 
 def template(instruction: str) -> str:

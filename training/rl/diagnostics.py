@@ -146,11 +146,13 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
         out.append(f"{sum(rej) / sum(seen):.0%} of groups were rejected as stale: raise η or bound the queue "
                    "tighter so rollouts do not run that far ahead.")
     ent, kl = _series(rows, "entropy"), _series(rows, "kl")
-    if len(tr) >= 4 and _ends(tr)[1] < _ends(tr)[0] - 0.1:
-        (t0, t1), rising = _ends(tr), []
+    t0, t1 = _ends(tr) if len(tr) >= 4 else (0.0, 0.0)
+    if t1 < t0 - 0.1:
+        rising = []
         for name, xs in (("KL to the reference", kl), ("token entropy", ent)):
-            if len(xs) >= 4 and _ends(xs)[1] > 2 * _ends(xs)[0] + 0.01:
-                rising.append(f"{name} {_ends(xs)[0]:.3f}→{_ends(xs)[1]:.3f}")
+            x0, x1 = _ends(xs) if len(xs) >= 4 else (0.0, 0.0)
+            if x1 > 2 * x0 + 0.01:
+                rising.append(f"{name} {x0:.3f}→{x1:.3f}")
         out.append(f"training reward fell {t0:.2f}→{t1:.2f}" + (f" while {' and '.join(rising)} rose: the policy "
                    "is collapsing away from the reference" if rising else "") + "; lower the learning rate, raise "
                    "kl_coef, and look at what the collapsed policy does (samples) before training longer.")
@@ -159,8 +161,7 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
         if e0 > 0 and e1 < 0.3 * e0:
             out.append(f"token entropy collapsed ({e0:.3f}→{e1:.3f}): exploration is ending; raise ε_high or the "
                        "exploration rate if reward has not plateaued at the top.")
-    if len(tr) >= 4:
-        t0, t1 = _ends(tr)
+    if len(tr) >= 4:  # t0, t1: the training reward's ends, from above
         trend = f"training reward {t0:.2f}→{t1:.2f}"
         if not out:
             out.append(f"healthy: {trend}, no rule of thumb fired.")
