@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     base = RLConfig(model=model, steps=args.steps, groups_per_step=args.groups, group_size=args.group_size,
                     n_workers=args.workers, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                     explore_eps=args.explore_eps, sft_coef=args.sft_coef, kl_coef=args.kl_coef, lr=args.lr,
+                    ppo_epochs=args.ppo_epochs,
                     experience_per_step=args.experience,
                     eval_every=args.eval_every, eta=args.eta, seed=args.seed, checkpoint_every=10**6,
                     progress=False, resume=False)
@@ -173,6 +174,7 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.05)
     ap.add_argument("--replay-share", type=float, default=0.3)
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (proximal policy frozen)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:

@@ -45,6 +45,7 @@ def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
 def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tenants: set[str],
                 fault: Callable[[], None] = lambda: None) -> dict[str, Any]:
     from evolve.stages import evaluate
+    from runtime.graph import AgentConfig
 
     path = Path(cycle_dir) / "consolidation.json"
     if path.exists():
@@ -55,7 +56,10 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
         keys = list(uniq)
         tasks = [uniq[k] for k in keys]
         # With memory: what the runtime would recall for the task (before anything is retired).
-        notes = [[h.item.text for h in mem.search(tenant, t.instruction, k=3)] for (tenant, _), t in uniq.items()]
+        recall = AgentConfig()
+        notes = [[h.item.text for h in mem.search(tenant, t.instruction, k=recall.recall_k,
+                                                  kinds=list(recall.recall_kinds))]
+                 for (tenant, _), t in uniq.items()]
         seed = cfg.seed * 11 + 3
         res = evaluate(cfg, [(adapter, version)], {"without": tasks, "with": tasks}, seed=seed,
                        memory={"with": notes})[0] if tasks else {"without": [], "with": []}

@@ -2,7 +2,13 @@
 (exact: same tenant, kind and normalised text; near: cosine >= `dedup_threshold` with the same
 ids and numbers), or a contradiction that supersedes a live item with the same
 `payload["subject"]`. Contradiction needs that structured key: guessing it from free text
-would silently close the validity of true memories."""
+would silently close the validity of true memories.
+
+An exact repeat of a *retired* item (consolidation: the policy learned it) is merged into it and
+it stays retired: the repeat is evidence on the item, and the next cycle trains on the episode it
+came from. Why: users keep saying a rule after the policy has learned it, and re-adding every
+such note as a new live item undid consolidation (in the demo, retired rule notes came back
+within a few episodes of the cycle)."""
 from __future__ import annotations
 
 import time
@@ -63,10 +69,10 @@ def plan_adds(svc: "MemoryService", items: list[MemoryItem], dedup: bool) -> tup
     existing: dict[str, MemoryItem] = {}
     if dedup:
         with svc.ledger.engine.connect() as c:
-            q = sa.select(IT.c.content_hash, IT.c.doc).where(
+            q = sa.select(IT.c.content_hash, IT.c.doc, IT.c.status).where(
                 IT.c.content_hash.in_(list(set(hashes))),
-                IT.c.status.in_(("candidate", "validated")))
-            for h, doc in c.execute(q):
+                IT.c.status.in_(("candidate", "validated", "retired")))
+            for h, doc, status in sorted(c.execute(q), key=lambda r: r[2] == "retired"):  # live first
                 existing.setdefault(h, MemoryItem.model_validate_json(doc))
     # exact duplicates (already stored, or earlier in this batch) need no embedding at all
     seen = set(existing) if dedup else set()
@@ -108,7 +114,8 @@ def plan_adds(svc: "MemoryService", items: list[MemoryItem], dedup: bool) -> tup
             merged.updated_at = time.time()
             pending[merged.id] = merged
             changes.append(Change("merged", it.tenant, merged,
-                                  {"duplicate_text": it.text, "exact": existing.get(h) is not None},
+                                  {"duplicate_text": it.text, "exact": existing.get(h) is not None,
+                                   "retired": merged.status == "retired"},
                                   it.provenance[0].trajectory_id, it.created_by_cycle))
             out.append(merged)
             continue

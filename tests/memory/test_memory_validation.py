@@ -89,6 +89,25 @@ def test_retire_removes_from_retrieval_but_keeps_history(svc):
     assert svc.history(it.id)[-1].data["reason"] == "learned by policy pv-3"
 
 
+
+def test_a_repeat_of_a_retired_item_is_evidence_on_it_not_a_new_live_item(svc):
+    it = svc.add("alice", "Rule: refunds over 200 need a supervisor.", trajectory_id="t0")
+    svc.retire(it.id, "handled without memory by policy pv-3")
+    again = svc.add("alice", "Rule: refunds over 200 need a supervisor.", trajectory_id="t1")
+    assert again.id == it.id and again.status == "retired"
+    assert [p.trajectory_id for p in svc.get(it.id).provenance] == ["t0", "t1"]
+    assert svc.items("alice") == [] and svc.search("alice", "refunds over 200 supervisor", k=3) == []
+    assert svc.history(it.id)[-1].type == "merged" and svc.history(it.id)[-1].data["retired"] is True
+    # a live copy, where one exists, takes the repeat; another tenant's retired item is not theirs
+    bob = svc.add("bob", "Rule: refunds over 200 need a supervisor.", trajectory_id="b0")
+    assert bob.id != it.id and bob.status == "candidate"
+    # a retracted item (wrong) is not merged into: the repeat is a new candidate
+    wrong = svc.add("alice", "Rule: gold members never pay shipping.", trajectory_id="t2")
+    svc.retract_trajectory("t2", tenant="alice", reason="wrong")
+    assert svc.get(wrong.id).status == "retracted"
+    fresh = svc.add("alice", "Rule: gold members never pay shipping.", trajectory_id="t3")
+    assert fresh.id != wrong.id and fresh.status == "candidate"
+
 EPISODES = [
     ("Gold members can return items within 30 days", "strategy"),
     ("The cancel_order tool requires a reason argument", "tool_knowledge"),

@@ -73,6 +73,28 @@ def test_on_policy_step_has_no_mismatch_and_improves_rewarded_tokens(tiny_policy
     assert stats["kl"] > 0.0
 
 
+def test_ppo_epochs_freeze_the_proximal_policy_so_the_clip_binds(tiny_policy, batch):
+    """One batch, four optimizer steps: the proximal policy is frozen at the start, so tokens whose
+    ratio leaves [1-ε_low, 1+ε_high] stop pulling (clip fraction > 0); one epoch per batch never
+    clips (the ratio to the proximal policy is 1). Either way the update learns from the batch."""
+    rows, _ = rows_from_groups(batch)
+    adv = torch.tensor([r.advantage for r in rows])
+
+    def margin(learner) -> float:
+        with torch.no_grad():
+            lp, mask, _ = learner._forward(rows)
+        seq_lp = (lp * mask).sum(-1)
+        return float(seq_lp[adv > 0].mean() - seq_lp[adv < 0].mean())
+
+    for epochs in (1, 4):
+        learner = Learner(tiny_policy, lr=2e-2, seed=0, settings=LossSettings(ppo_epochs=epochs, track_kl=False))
+        m0 = margin(learner)
+        st = learner.step(rows)
+        assert st["epochs"] == float(epochs)
+        assert (st["clip_frac"] > 0.0) if epochs > 1 else (st["clip_frac"] == 0.0)
+        assert margin(learner) > m0 + 0.1
+
+
 def test_same_seed_same_losses(tiny_policy, batch):
     rows, _ = rows_from_groups(batch)
     runs = []

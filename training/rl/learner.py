@@ -1,4 +1,4 @@
-"""The learner: a LoRA (peft, all linear layers) policy, one optimizer step per batch of groups.
+"""The learner: a LoRA (peft, all linear layers) policy, `ppo_epochs` optimizer steps per batch of groups.
 
 Rows are agent turns: (prompt ids, completion ids, behaviour logprobs) exactly as sampled, so the
 ids trained on are the ids that were sampled (token in, token out). Every turn of a trajectory
@@ -59,6 +59,7 @@ class LossSettings:
     dpo_beta: float = 0.1
     micro_batch_tokens: int = 16384
     max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LossSettings":
@@ -172,15 +173,32 @@ class Learner:
     # ---- update ---------------------------------------------------------------------------
     def step(self, rows: list[Row], sft_rows: Sequence[Row] = (),
              pref_pairs: Sequence[PrefPair] = ()) -> dict[str, float | None]:
-        """One optimizer update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)
-        plus `pref_pairs` (DPO)."""
+        """One learner update on `rows` (policy gradient) plus `sft_rows` (supervised corrections)
+        plus `pref_pairs` (DPO): `ppo_epochs` optimizer steps over the same batch. With more than
+        one, the proximal policy is frozen at the parameters the update started from, so the clip
+        (not the learning rate alone) bounds how far the update moves each token's probability.
+        Stats are averaged over the epochs; `clip_frac` then shows the trust region at work."""
+        s = self.settings
+        epochs = max(1, int(s.ppo_epochs))
+        prox = None
+        if epochs > 1 and rows and s.decoupled:
+            with torch.no_grad():
+                prox = [self._forward(mb)[0] for mb in self._micro_batches(rows)]
+        runs = [self._one_epoch(rows, sft_rows, pref_pairs, prox) for _ in range(epochs)]
+        stats = {k: (None if any(r[k] is None for r in runs) else sum(r[k] for r in runs) / epochs)
+                 for k in runs[0]}
+        stats["epochs"] = float(epochs)
+        return stats
+
+    def _one_epoch(self, rows: list[Row], sft_rows: Sequence[Row], pref_pairs: Sequence[PrefPair],
+                   prox: list[torch.Tensor] | None) -> dict[str, float | None]:
         s = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         total_tok = sum(len(r.completion_ids) for r in rows)
         stats: dict[str, float | None] = {}
         weighted: dict[str, float] = {}
         ent_tok = loss_sum = 0.0
-        for mb in self._micro_batches(rows):
+        for j, mb in enumerate(self._micro_batches(rows)):
             lp, mask, ent = self._forward(mb)
             behav = torch.zeros_like(lp)
             for i, r in enumerate(mb):
@@ -189,9 +207,10 @@ class Learner:
             seq_ids = torch.tensor([r.seq for r in mb])
             seq_ids = seq_ids - seq_ids.min()
             ref = self._forward(mb, reference=True)[0] if (s.kl_coef or s.track_kl) else None
-            out = policy_loss(lp, behav, adv, mask, ref_logp=ref, seq_index=seq_ids, eps_low=s.eps_low,
-                              eps_high=s.eps_high, decoupled=s.decoupled, correction=s.correction,
-                              is_cap=s.is_cap, icepop_beta=s.icepop_beta, kl_coef=s.kl_coef, agg=s.agg)
+            out = policy_loss(lp, behav, adv, mask, prox_logp=None if prox is None else prox[j], ref_logp=ref,
+                              seq_index=seq_ids, eps_low=s.eps_low, eps_high=s.eps_high, decoupled=s.decoupled,
+                              correction=s.correction, is_cap=s.is_cap, icepop_beta=s.icepop_beta,
+                              kl_coef=s.kl_coef, agg=s.agg)
             ntok = float(mask.sum())
             part = out.loss * (ntok / max(total_tok, 1))
             part.backward()

@@ -52,6 +52,7 @@ class RLConfig:
     lora_r: int = 8
     lora_alpha: int = 16
     max_grad_norm: float = 1.0
+    ppo_epochs: int = 1  # optimizer steps per batch; > 1 freezes the proximal policy so the clip bounds them
     micro_batch_tokens: int = 16384
     # loss (training/rl/loss.py)
     eps_low: float = 0.2
