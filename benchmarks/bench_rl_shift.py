@@ -89,7 +89,9 @@ def run(args: argparse.Namespace) -> dict:
                  "new_rule_affected_share": affected(heldout["new"]), "new_success_before": before["new"],
                  "old_success_before": before["old"], "eval_seconds": time.perf_counter() - t0}
     curves = {}
-    arms = {"no_replay": 0.0, "replay": args.replay_share}
+    arms = {a: s for a, s in {"no_replay": 0.0, "replay": args.replay_share}.items() if a in args.arms.split(",")}
+    if not arms:
+        raise SystemExit(f"--arms {args.arms!r}: choose from no_replay, replay")
     for arm, share in tqdm(arms.items(), desc="arms"):
         pool = TaskPool(tasks={t.id: t for t in new_train}, heldout=heldout)
         if share:
@@ -176,6 +178,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (proximal policy frozen)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default="no_replay,replay", help="which arms to run (comma-separated)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.groups, args.group_size, args.tasks, args.heldout = 1, 1, 2, 2, 2
