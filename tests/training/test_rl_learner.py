@@ -95,6 +95,21 @@ def test_ppo_epochs_freeze_the_proximal_policy_so_the_clip_binds(tiny_policy, ba
         assert margin(learner) > m0 + 0.1
 
 
+def test_ppo_epochs_take_the_supervised_term_once(tiny_policy, batch):
+    """No clip bounds a supervised row, so extra epochs must not repeat it: with corrections only,
+    four epochs leave exactly the parameters one epoch leaves."""
+    prompt = batch[0][0].steps[0].prompt_token_ids
+    learners = []
+    for epochs in (1, 4):
+        learner = Learner(tiny_policy, lr=5e-3, seed=0, settings=LossSettings(sft_coef=1.0, ppo_epochs=epochs))
+        target = learner.tokenizer.encode('refund_order {"order_id":"O-1000"}<|end|>', add_special_tokens=False)
+        st = learner.step([], [Row(prompt, target, [0.0] * len(target), sft=True)])
+        assert st["sft_rows"] == 1.0 and st["sft_loss"] > 0.0
+        learners.append(learner)
+    for a, b in zip(learners[0].params, learners[1].params):
+        assert torch.equal(a, b)
+
+
 def test_same_seed_same_losses(tiny_policy, batch):
     rows, _ = rows_from_groups(batch)
     runs = []
