@@ -38,6 +38,12 @@ def test_diagnosis_fires_each_rule_of_thumb():
                               kl=[0.01, 0.02, 0.1, 0.3, 0.8, 1.5, 2.0, 2.5], entropy=[0.02] * 8))
     assert any("reward fell" in x and "KL to the reference" in x and "entropy" not in x for x in collapse)
     assert not collapse[0].startswith("healthy")
+    memorised = diagnose(_rows(reward_mean=[0.5] * 8, sft_loss=[0.47, 0.31, 0.3, 0.25, 0.2, 0.17, 0.15, 0.12],
+                               heldout_success=[0.71] * 8))
+    assert memorised[0].startswith("the supervised corrections were fitted") and "held-out stayed flat" in memorised[0]
+    assert not any("supervised corrections" in x
+                   for x in diagnose(_rows(reward_mean=[0.5] * 8, sft_loss=[0.47, 0.31, 0.3, 0.25, 0.2, 0.17, 0.15, 0.12],
+                                           heldout_success=[0.7, 0.7, 0.75, 0.8, 0.85, 0.9, 0.9, 0.92])))
     ok = diagnose(_rows(zero_var_frac=[0.3] * 8, reward_mean=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
                         heldout_success=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], clip_frac=[0.01] * 8))
     assert ok[0].startswith("healthy")

@@ -129,6 +129,13 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
             out.append(f"training reward rose {t0:.2f}→{t1:.2f} but held-out stayed flat ({h0:.2f}→{h1:.2f}): "
                        "suspect off-policy data or train/inference mismatch (check logprob_mismatch, the "
                        "staleness histogram, the IS correction), or overfitting to the training tasks.")
+    sl = _series(rows, "sft_loss")
+    if len(sl) >= 4 and len(ho) >= 2:
+        (s0, s1), (h0, h1) = _ends(sl), _ends(ho)
+        if s1 < 0.5 * s0 and h1 - h0 < 0.03:
+            out.append(f"the supervised corrections were fitted (loss {s0:.2f}→{s1:.2f}) but held-out stayed flat "
+                       f"({h0:.2f}→{h1:.2f}): they are memorised, not generalised. Get more varied corrections "
+                       "(more tasks, fewer redraws of the same rows) or train longer before raising the learning rate.")
     for key in ("clip_frac", "drift_clip_frac"):
         cf = _series(rows, key)
         if len(cf) >= 4:
