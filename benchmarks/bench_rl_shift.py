@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.05)
     ap.add_argument("--replay-share", type=float, default=0.3)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (proximal policy frozen)")
+    ap.add_argument("--ppo-epochs", type=int, default=4, help="optimizer steps per batch (proximal policy frozen)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="no_replay,replay", help="which arms to run (comma-separated)")
     args = ap.parse_args()
