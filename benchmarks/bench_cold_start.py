@@ -4,8 +4,10 @@ Figures (flat JSON keys): `{scaffold}/{domain}/pass@1` (sampled, T=1), `pass@1_g
 `valid_action_rate`, `coverage`, `distinct_successful_strategies`, `memory_success` (named later
 rule versions, shown policy v1, a correct memory item), `memory_success_affected` (only tasks
 whose right actions changed), `memory_heldout_success` (fresh dense rule values), the means under
-`{scaffold}/all/...`, the training cost, and whether each issue target is met:
-pass@1 >= 0.90 on first-rule test tasks, valid actions >= 0.99, memory-following success >= 0.80.
+`{scaffold}/all/...`, the worst domain under `{scaffold}/min/...`, the training cost (and the cold
+start's quality checks, `train_quality_checks`), and whether each issue target is met in every
+domain (on the worst one, not the mean): pass@1 >= 0.90 on first-rule test tasks, valid actions
+>= 0.99, memory-following success >= 0.80.
 
     .venv/bin/python benchmarks/bench_cold_start.py --out cold_start.json [--quick] [--policy DIR]
 """
@@ -65,12 +67,12 @@ def main() -> None:
     res["eval_s"] = round(time.time() - t1, 1)
     best = max(("direct", "plan_act"), key=lambda s: res[f"{s}/all/pass@1"])
     res["best_scaffold"] = best
-    res["target_pass@1_first_rule_met"] = res[f"{best}/all/pass@1"] >= 0.90
-    res["target_valid_actions_met"] = res[f"{best}/all/valid_action_rate"] >= 0.99
-    res["target_memory_following_met"] = res[f"{best}/all/memory_success"] >= 0.80
+    res["target_pass@1_first_rule_met"] = res[f"{best}/min/pass@1"] >= 0.90
+    res["target_valid_actions_met"] = res[f"{best}/min/valid_action_rate"] >= 0.99
+    res["target_memory_following_met"] = res[f"{best}/min/memory_success"] >= 0.80
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True))
-    for key in sorted(k_ for k_ in res if "/all/" in k_ or k_.startswith("target") or k_.startswith("train")):
+    for key in sorted(k_ for k_ in res if "/all/" in k_ or "/min/" in k_ or k_.startswith("target") or k_.startswith("train")):
         print(f"{key}: {res[key]}")
 
 

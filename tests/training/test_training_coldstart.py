@@ -169,6 +169,39 @@ def test_ensure_coldstart_reuses_and_survives_a_corrupt_checkpoint(tmp_path):
     assert json.loads((tmp_path / DONE).read_text())["steps"] == TINY["copy_warmup_steps"] + 6 and p3 == p1
 
 
+def test_quality_target_refines_until_met_or_the_step_cap(tmp_path):
+    """Below the target, training goes on in checked rounds up to the cap; at the target it stops."""
+    cfg = config_for("tiny", 0, **{**TINY, "max_steps": 4}, quality_target=1.01, quality_tasks=2,
+                     refine_max_steps=4, refine_every=2, refine_examples=8)
+    train_coldstart(tmp_path / "below", cfg, progress=False)
+    total = TINY["copy_warmup_steps"] + 4
+    done = json.loads((tmp_path / "below" / DONE).read_text())
+    log = [json.loads(x) for x in (tmp_path / "below" / "train_log.jsonl").read_text().splitlines()]
+    assert done["steps"] == total + 4 and [r["phase"] for r in log[total:]] == ["refine"] * 4
+    checks = done["quality_checks"]
+    assert [c["step"] for c in checks] == [total, total + 2, total + 4] and not any(c["met"] for c in checks)
+    assert all(0.0 <= c[d] <= 1.0 for c in checks for d in ("retail", "telecom"))
+
+    met = config_for("tiny", 0, **{**TINY, "max_steps": 4}, quality_target=0.0, quality_tasks=2, refine_max_steps=4)
+    train_coldstart(tmp_path / "met", met, progress=False)
+    done = json.loads((tmp_path / "met" / DONE).read_text())
+    assert done["steps"] == total and [c["met"] for c in done["quality_checks"]] == [True]
+
+
+def test_refinement_data_is_memory_examples_of_the_lagging_domains_only(bench_policy):
+    from training.coldstart import refine_data
+    from training.policy import load_tokenizer
+
+    tok = load_tokenizer(bench_policy)
+    cfg = config_for("tiny", 0, quality_target=0.8, refine_examples=12)
+    rows = refine_data(cfg, tok, {"retail": 0.5, "telecom": 0.9})
+    texts = [tok.decode(ids) for ids, _ in rows]
+    retail_policy = "Refund a delivered order only within"  # in every retail prompt, in no telecom one
+    assert len(rows) == 12 and all(retail_policy in t for t in texts)
+    both = [tok.decode(ids) for ids, _ in refine_data(cfg, tok, {"retail": 0.5, "telecom": 0.7})]
+    assert any(retail_policy in t for t in both) and not all(retail_policy in t for t in both)
+
+
 def test_pass_at_k():
     assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 8, 1) == 1.0
     assert abs(pass_at_k(8, 2, 1) - 0.25) < 1e-12
