@@ -4,10 +4,11 @@ Figures (flat JSON keys): `{scaffold}/{domain}/pass@1` (sampled, T=1), `pass@1_g
 `valid_action_rate`, `coverage`, `distinct_successful_strategies`, `memory_success` (named later
 rule versions, shown policy v1, a correct memory item), `memory_success_affected` (only tasks
 whose right actions changed), `memory_heldout_success` (fresh dense rule values), the means under
-`{scaffold}/all/...`, the worst domain under `{scaffold}/min/...`, the training cost (and the cold
-start's quality checks, `train_quality_checks`), and whether each issue target is met in every
-domain (on the worst one, not the mean): pass@1 >= 0.90 on first-rule test tasks, valid actions
->= 0.99, memory-following success >= 0.80.
+`{scaffold}/all/...`, the worst domain under `{scaffold}/min/...`, the training cost, the cold
+start's first and last quality checks on train-split tasks (`train_quality_first/...`,
+`train_quality_last/...`), and whether each issue target is met in every domain (on the worst
+one, not the mean): pass@1 >= 0.90 on first-rule test tasks, valid actions >= 0.99,
+memory-following success >= 0.80.
 
     .venv/bin/python benchmarks/bench_cold_start.py --out cold_start.json [--quick] [--policy DIR]
 """
@@ -57,6 +58,10 @@ def main() -> None:
         res.update(train_steps=done["steps"], train_examples=done["n_examples"], final_loss=done["final_loss"],
                    train_wall_s=log[-1]["elapsed_s"] if log else 0.0, train_cpu_s=log[-1].get("cpu_s", 0.0) if log else 0.0)
     res["build_or_load_s"] = round(time.time() - t0, 1)
+    meta_file = policy / "evolve_policy.json"  # the cold start's own quality checks (train split), flat
+    checks = json.loads(meta_file.read_text()).get("quality_checks", []) if meta_file.exists() else []
+    for which, check in (("first", checks[:1]), ("last", checks[-1:])):
+        res.update({f"train_quality_{which}/{key}": v for c in check for key, v in c.items()})
     engine = make_engine(f"torch:{policy}")
     tok = load_tokenizer(policy)
     t1 = time.time()
