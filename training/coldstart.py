@@ -15,8 +15,8 @@ and 0.81 (benchmarks/bench_cold_start.py, 50 test tasks per domain). Resumable: 
 checkpoint (model, optimizer, scheduler, step) is written atomically every `save_every` steps and
 picked up by the next run with the same config. A fixed step count left one domain behind: the
 CPU build of `small` followed retail memory 0.72 (telecom 0.90), so the preset ends on a quality
-target (`quality_target`, see the config) instead of the step count alone. `ensure_coldstart(out_dir, preset, seed)` returns
-`out_dir/policy` (a Hugging Face folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
+target (`quality_target`, see the config) instead of the step count alone.
+`ensure_coldstart(out_dir, preset, seed)` returns `out_dir/policy` (a Hugging Face folder) and builds it only if it is missing. Judged by `evaluate`: pass@1 and pass@k,
 format-valid action rate, action-space coverage, distinct successful strategies, and success
 following a correct memory item on changed-rule tasks (training/coldstart_eval.py).
 """
@@ -218,13 +218,16 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
                     "config": cfg_dict, "checks": checks}, tmp)
         os.replace(tmp, ckpt)
 
+    def check() -> None:
+        checks.append(quality_check(model, tok, cfg, step))
+        bar.write(f"quality check at step {step}: {checks[-1]}")
+        save()
+
     while step < end:
         if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
             break
         if step >= total and (step - total) % cfg.refine_every == 0 and (not checks or checks[-1]["step"] != step):
-            checks.append(quality_check(model, tok, cfg, step))
-            bar.write(f"quality check at step {step}: {checks[-1]}")
-            save()
+            check()
         if step >= total and checks[-1]["met"]:
             break
         if step < cfg.copy_warmup_steps:
@@ -256,9 +259,7 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
         if step % cfg.save_every == 0 or step == total:
             save()
     if step > total and step == end and checks[-1]["step"] != step:  # where the refinement ended
-        checks.append(quality_check(model, tok, cfg, step))
-        bar.write(f"quality check at step {step}: {checks[-1]}")
-        save()
+        check()
     bar.close()
     model.cpu().eval()
     policy = save_policy(model, tok, out / "policy", meta={"preset": cfg.preset, "seed": cfg.seed, "steps": step,
