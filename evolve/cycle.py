@@ -35,7 +35,9 @@ class CycleConfig:
     base_model: str = ""                # the served base policy folder ("" = <data_dir>/policy, built if absent)
     rl_steps: int = 30
     groups_per_step: int = 4
-    lr: float = 2e-4
+    lr: float = 5e-4                    # with ppo_epochs 4 and kl_coef 0.05: bench_rl_shift's settings
+    ppo_epochs: int = 4                 # optimizer steps per batch (training.rl.trainer.RLConfig)
+    kl_coef: float = 0.05
     sft_coef: float = 1.0               # weight of the users' corrections in each RL step
     pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
     distill_memory: bool = True         # logged rows also trained with their memory section emptied
@@ -44,6 +46,8 @@ class CycleConfig:
     max_turns: int = 8
     replay_share: float = 0.25          # share of older-rule tasks replayed during training
     corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
+    train_heldout_tasks: int = 8        # per slice (current, old rules), scored during training for
+                                        # the diagnosis; drawn apart from the gate's tasks
     # gate
     gate_tasks: int = 24                # tasks per slice
     gate_seeds: int = 1

@@ -46,6 +46,9 @@ def write_cycle_report(cycle_dir: Path, report: dict) -> dict[str, Path]:
         summary = ", ".join(f"{k}={v}" for k, v in (out or {}).items()
                             if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80)
         lines.append(f"- **{stage}**: {summary}")
+    diagnosis = ((report.get("stages") or {}).get("train") or {}).get("diagnosis") or []
+    if diagnosis:
+        lines += ["", "## Training diagnosis", "", *diagnosis]
     if slices:
         lines += ["", "## Gate (paired, same tasks and seeds)", "",
                   md_table(["slice", "n", "current", "candidate", "delta", "95% CI", "wins", "losses", "p(better)"],

@@ -200,12 +200,16 @@ def train(ctx: CycleContext) -> dict:
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
         pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base, cfg.distill_memory)
+    if cfg.train_heldout_tasks:  # scored during training, so the diagnosis can tell learning from memorising
+        contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
+        heldout = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")
+        pool.heldout = {k: heldout[k] for k in ("current", "old_rules") if heldout.get(k)}
     rl = RLConfig(model=str(base), out_dir=str(ctx.dir / "train"), env_id=f"driftbench/{cfg.domain}-v1",
                   steps=cfg.rl_steps, groups_per_step=cfg.groups_per_step, seed=cfg.seed,
                   sft_coef=cfg.sft_coef, pref_coef=cfg.pref_coef, explore_eps=cfg.explore_eps,
-                  experience_per_step=cfg.experience_per_step,
-                  replay_share=cfg.replay_share,
-                  n_workers=1, eta=0, lr=cfg.lr, max_turns=cfg.max_turns, progress=True, resume=True)
+                  experience_per_step=cfg.experience_per_step, replay_share=cfg.replay_share,
+                  n_workers=1, eta=0, lr=cfg.lr, ppo_epochs=cfg.ppo_epochs, kl_coef=cfg.kl_coef,
+                  eval_every=max(1, cfg.rl_steps // 3), max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()
     adapter = train_rl(rl, pool=pool)
     ctx.fault_point("train")
@@ -220,16 +224,24 @@ def train(ctx: CycleContext) -> dict:
     reg = registry(ctx)
     reg.register(version, dest, parent=reg.current_version(), base_model=str(base), cycle=ctx.state.cycle_id)
     m = read_metrics(ctx.dir / "train")
+    heldout = {}  # first and last in-training score per held-out slice: did training generalise?
+    for name in ("current", "old_rules"):
+        series = [r[f"heldout_{name}"] for r in m if r.get(f"heldout_{name}") is not None]
+        if series:
+            heldout[f"heldout_{name}_first"], heldout[f"heldout_{name}_last"] = series[0], series[-1]
+    diagnosis = ctx.dir / "train" / "diagnosis.txt"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
-            "final_reward_mean": m[-1].get("reward_mean") if m else None,
+            "final_reward_mean": m[-1].get("reward_mean") if m else None, **heldout,
             "logged_sft_rows": len(pool.sft_rows), "logged_pref_pairs": len(pool.pref_pairs),
-            "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay)}
+            "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
+            "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 
 
 # ---- 4. gate -------------------------------------------------------------------------------------
-def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
-    """Test-split tasks per slice: the latest rules as users meet them, older rules (else the first
-    version: forgetting), and the latest rules announced (held out).
+def gate_slices(cfg: CycleConfig, contexts: list[dict], n: int = 0, purpose: str = "gate") -> dict[str, list]:
+    """Test-split tasks per slice (`n` each, default `cfg.gate_tasks`): the latest rules as users
+    meet them, older rules (else the first version: forgetting), and the latest rules announced
+    (held out). `purpose` seeds the draw, so training's held-out tasks are not the gate's.
 
     An older context shown the *same* policy text as the latest one (a silent shift) gets only tasks
     whose right actions are the same under both rules: on the others no policy can be right for
@@ -238,8 +250,8 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict]) -> dict[str, list]:
     from dynamic_bench.tasks import make_task
 
     d = get_domain(cfg.domain)
-    rng = random.Random(f"gate/{cfg.seed}")
-    n = cfg.gate_tasks
+    rng = random.Random(f"{purpose}/{cfg.seed}")
+    n = n or cfg.gate_tasks
 
     def tasks(rules, shown, prior, k, agree_with: dict | None = None) -> list:
         out: list = []

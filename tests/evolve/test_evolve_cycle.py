@@ -89,6 +89,27 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     assert promoted == (state.outcome == "promoted")
 
 
+def test_training_scores_held_out_tasks_apart_from_the_gate(clean_cycle, tiny_policy):
+    """The cycle's RL run scores held-out current- and old-rule tasks (its diagnosis needs them),
+    drawn apart from the gate's tasks so the gate stays an unseen test."""
+    from evolve.stages import gate_slices
+
+    d, state = clean_cycle
+    train = state.stages["train"]["output"]
+    for name in ("current", "old_rules"):
+        assert 0.0 <= train[f"heldout_{name}_first"] <= 1.0 and 0.0 <= train[f"heldout_{name}_last"] <= 1.0
+    rows = [json.loads(x) for x in (d / "cycles" / state.cycle_id / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert "heldout_current" in rows[-1] and "heldout_old_rules" in rows[-1]
+    assert train["diagnosis"] and all(line.startswith("- ") for line in train["diagnosis"])
+    assert "## Training diagnosis" in (d / "cycles" / state.cycle_id / "report.md").read_text()
+    contexts = json.loads((d / "cycles" / state.cycle_id / "experience" / "contexts.json").read_text())
+    cfg = cfg_for(d, tiny_policy)
+    gate = gate_slices(cfg, contexts)["current"]
+    held = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")["current"]
+    assert len(held) == cfg.train_heldout_tasks
+    assert {t.id for t in held}.isdisjoint({t.id for t in gate})
+
+
 def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
     """Approved successes, corrections and preference pairs (the experience stage's files) are
     trained on: SFT rows and DPO pairs in every RL step. Built from real logged prompts, since
