@@ -171,6 +171,10 @@ def test_ensure_coldstart_reuses_and_survives_a_corrupt_checkpoint(tmp_path):
 
 def test_quality_target_refines_until_met_or_the_step_cap(tmp_path):
     """Below the target, training goes on in checked rounds up to the cap; at the target it stops."""
+    import torch
+
+    from training.policy import load_model
+
     cfg = config_for("tiny", 0, **{**TINY, "max_steps": 4}, quality_target=1.01, quality_tasks=2,
                      refine_max_steps=4, refine_every=2, refine_examples=8)
     train_coldstart(tmp_path / "below", cfg, progress=False)
@@ -182,10 +186,20 @@ def test_quality_target_refines_until_met_or_the_step_cap(tmp_path):
     assert [c["step"] for c in checks] == [total, total + 2, total + 4] and not any(c["met"] for c in checks)
     assert all(0.0 <= c[d] <= 1.0 for c in checks for d in ("retail", "telecom"))
 
+    # the cap came first: the policy is the weights of the best check (the earliest on ties), not the last
+    worst = [min(c["retail"], c["telecom"]) for c in checks]
+    assert done["selected_step"] == checks[worst.index(max(worst))]["step"]
+    policy = load_model(tmp_path / "below" / "policy").state_dict()
+    best = torch.load(tmp_path / "below" / "best_check.pt", map_location="cpu")
+    last = torch.load(tmp_path / "below" / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(policy[name], best[name])
+    assert torch.equal(policy[name], last[name]) == (done["selected_step"] == total + 4)
+
     met = config_for("tiny", 0, **{**TINY, "max_steps": 4}, quality_target=0.0, quality_tasks=2, refine_max_steps=4)
     train_coldstart(tmp_path / "met", met, progress=False)
     done = json.loads((tmp_path / "met" / DONE).read_text())
-    assert done["steps"] == total and [c["met"] for c in done["quality_checks"]] == [True]
+    assert done["steps"] == done["selected_step"] == total and [c["met"] for c in done["quality_checks"]] == [True]
 
 
 def test_refinement_data_is_memory_examples_of_the_lagging_domains_only(bench_policy):
