@@ -19,7 +19,7 @@ def cycle(
     preset: str = typer.Option("small", help="Cold-start policy preset."),
     base_model: str = typer.Option("", help="Base policy folder the service serves (default: <data-dir>/policy)."),
     rl_steps: int = typer.Option(30, help="RL learner steps for the candidate adapter."),
-    gate_tasks: int = typer.Option(24, help="Tasks per gate slice."),
+    gate_tasks: int = typer.Option(100, help="Tasks per gate slice (the paired test needs enough of them)."),
     tolerance: float = typer.Option(0.03, help="Largest allowed success drop on any other slice."),
     seed: int = typer.Option(0),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what the cycle would do; write nothing."),

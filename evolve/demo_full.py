@@ -23,7 +23,7 @@ TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, RL steps, learning rate, logged rows per step, exploration, gate tasks per slice
     "tiny": dict(episodes=16, cycle_at=0.5, rl_steps=1, lr=2e-4, experience=16, explore=0.2, gate_tasks=4,
                  max_turns=4, groups=2),
-    "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, lr=5e-4, experience=64, explore=0.05, gate_tasks=48,
+    "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, lr=5e-4, experience=64, explore=0.05, gate_tasks=200,
                   max_turns=8, groups=4),
 }
 
