@@ -184,6 +184,7 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
 
 def train(ctx: CycleContext) -> dict:
     from dynamic_bench.schema import Task
+    from training.rl.diagnostics import series
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
 
     cfg = ctx.cfg
@@ -226,9 +227,8 @@ def train(ctx: CycleContext) -> dict:
     m = read_metrics(ctx.dir / "train")
     heldout = {}  # first and last in-training score per held-out slice: did training generalise?
     for name in ("current", "old_rules"):
-        series = [r[f"heldout_{name}"] for r in m if r.get(f"heldout_{name}") is not None]
-        if series:
-            heldout[f"heldout_{name}_first"], heldout[f"heldout_{name}_last"] = series[0], series[-1]
+        if xs := series(m, f"heldout_{name}"):
+            heldout[f"heldout_{name}_first"], heldout[f"heldout_{name}_last"] = xs[0], xs[-1]
     diagnosis = ctx.dir / "train" / "diagnosis.txt"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
             "final_reward_mean": m[-1].get("reward_mean") if m else None, **heldout,

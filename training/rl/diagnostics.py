@@ -102,7 +102,8 @@ def plot_rows(rows: Sequence[dict], path: Path) -> Path:
     return path
 
 
-def _series(rows: Iterable[dict], key: str) -> list[float]:
+def series(rows: Iterable[dict], key: str) -> list[float]:
+    """The logged values of `key`, in step order (steps that did not log it are skipped)."""
     return [float(r[key]) for r in rows if r.get(key) is not None]
 
 
@@ -116,20 +117,20 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
     if not rows:
         return ["no learner steps were logged"]
     out: list[str] = []
-    zv = _series(rows, "zero_var_frac")
+    zv = series(rows, "zero_var_frac")
     if zv and mean(zv) > 0.7:
         out.append(f"reward variance near zero: {mean(zv):.0%} of groups had all-equal rewards, so most "
                    "rollouts gave no gradient. Look at samples and rollout counts first (larger groups, "
                    "action-level exploration, corrections as supervised signal, the scheduler's retire/"
                    "circuit-break thresholds, the reward itself) before changing the loss.")
-    tr, ho = _series(rows, "reward_mean"), _series(rows, "heldout_success")
+    tr, ho = series(rows, "reward_mean"), series(rows, "heldout_success")
     if len(tr) >= 4 and len(ho) >= 2:
         (t0, t1), (h0, h1) = _ends(tr), _ends(ho)
         if t1 - t0 > 0.1 and h1 - h0 < 0.03:
             out.append(f"training reward rose {t0:.2f}→{t1:.2f} but held-out stayed flat ({h0:.2f}→{h1:.2f}): "
                        "suspect off-policy data or train/inference mismatch (check logprob_mismatch, the "
                        "staleness histogram, the IS correction), or overfitting to the training tasks.")
-    sl = _series(rows, "sft_loss")
+    sl = series(rows, "sft_loss")
     if len(sl) >= 4 and len(ho) >= 2:
         (s0, s1), (h0, h1) = _ends(sl), _ends(ho)
         if s1 < 0.5 * s0 and h1 - h0 < 0.03:
@@ -137,13 +138,13 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
                        f"({h0:.2f}→{h1:.2f}): they are memorised, not generalised. Get more varied corrections "
                        "(more tasks, fewer redraws of the same rows) or train longer before raising the learning rate.")
     for key in ("clip_frac", "drift_clip_frac"):
-        cf = _series(rows, key)
+        cf = series(rows, key)
         if len(cf) >= 4:
             c0, c1 = _ends(cf)
             if c1 > 0.05 and c1 > 2 * c0 + 0.01:
                 out.append(f"{key} rising ({c0:.3f}→{c1:.3f}): the policy is drifting from the behaviour policy "
                            "that sampled the data; lower the learning rate or η, or use a stronger correction.")
-    mm = _series(rows, "logprob_mismatch")
+    mm = series(rows, "logprob_mismatch")
     if mm and mean(mm) > 0.01:
         out.append(f"mean |trainer - behaviour| logprob gap {mean(mm):.4f} per token is large: staleness or an "
                    "engine mismatch; the IS correction is doing real work (see masked_frac).")
@@ -152,7 +153,7 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
     if sum(seen) and sum(rej) / sum(seen) > 0.2:
         out.append(f"{sum(rej) / sum(seen):.0%} of groups were rejected as stale: raise η or bound the queue "
                    "tighter so rollouts do not run that far ahead.")
-    ent, kl = _series(rows, "entropy"), _series(rows, "kl")
+    ent, kl = series(rows, "entropy"), series(rows, "kl")
     t0, t1 = _ends(tr) if len(tr) >= 4 else (0.0, 0.0)
     if t1 < t0 - 0.1:
         rising = []
