@@ -12,6 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamic_bench.schema import CORRECTION_KINDS
+
 DECISIONS = ("approve", "reject", "edit", "takeover")
 Propensities = dict[tuple[str, bool], dict[str, float]]
 
@@ -36,7 +38,7 @@ class Persona:
         kinds = [k for k in DECISIONS if probs.get(k, 0.0) > 0]
         kind = rng.choices(kinds, weights=[probs[k] for k in kinds])[0]
         fix = judgement.get("correct_write")
-        if kind in ("edit", "takeover"):
+        if kind in CORRECTION_KINDS:
             if judgement["correct"]:  # nothing to fix: an edit is an approval, a takeover does the same
                 return Decision("approve") if kind == "edit" else Decision(kind, judgement["action_text"])
             if fix is None:  # nothing right to do instead: the user just says no

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 FeedbackKind = Literal["approve", "reject", "edit", "respond", "takeover"]
+CORRECTION_KINDS: tuple[str, ...] = ("edit", "takeover")  # feedback that carries the action the user wanted instead
 FeedbackSource = Literal["user", "simulator", "verifier"]
 
 

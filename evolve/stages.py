@@ -184,7 +184,7 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
 
 def train(ctx: CycleContext) -> dict:
     from dynamic_bench.schema import Task
-    from training.rl.diagnostics import series
+    from training.rl.diagnostics import held_out_series
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
 
     cfg = ctx.cfg
@@ -225,9 +225,9 @@ def train(ctx: CycleContext) -> dict:
     reg = registry(ctx)
     reg.register(version, dest, parent=reg.current_version(), base_model=str(base), cycle=ctx.state.cycle_id)
     m = read_metrics(ctx.dir / "train")
-    heldout = {}  # first and last in-training score per held-out slice: did training generalise?
+    heldout = {}  # before training and at its end, per held-out slice: did training generalise?
     for name in ("current", "old_rules"):
-        if xs := series(m, f"heldout_{name}"):
+        if xs := held_out_series(m, f"heldout_{name}"):
             heldout[f"heldout_{name}_first"], heldout[f"heldout_{name}_last"] = xs[0], xs[-1]
     diagnosis = ctx.dir / "train" / "diagnosis.txt"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),

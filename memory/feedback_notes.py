@@ -11,11 +11,10 @@ import re
 from typing import Any, Iterable
 
 from dynamic_bench.actions import Reply, ToolCall, parse_action
-from dynamic_bench.schema import Feedback
+from dynamic_bench.schema import CORRECTION_KINDS, Feedback
 from memory.text import _ID  # DriftBench-style ids (O-1042, U-7), as entity extraction reads them
 
 _NUM = re.compile(r"\d+")
-CORRECTIONS = ("edit", "takeover")
 
 
 def mask(text: str) -> str:
@@ -53,7 +52,7 @@ def feedback_notes(feedback: Iterable[Feedback], instruction: str) -> list[dict[
                 out.append(dict(kind="task_experience", text=f"Rule: {st}.", step=f.step, source="user",
                                 evidence=f"user said {f.payload['text']!r} rejecting {f.payload.get('proposed')}",
                                 payload={"type": "rule", "statement": st}))
-        elif f.kind in CORRECTIONS and f.payload.get("action"):
+        elif f.kind in CORRECTION_KINDS and f.payload.get("action"):
             a, b = tool_name(str(f.payload.get("proposed", ""))), tool_name(str(f.payload["action"]))
             if a and b and a != b:
                 verb = "replace" if f.kind == "edit" else "do"

@@ -29,7 +29,7 @@ from langgraph.types import Command, interrupt
 
 from dynamic_bench.actions import (ActionError, Reply, ToolCall, action_dict, format_action, parse_action,
                                    validate_call)
-from dynamic_bench.schema import Feedback, Step, Trajectory, new_id
+from dynamic_bench.schema import CORRECTION_KINDS, Feedback, Step, Trajectory, new_id
 from runtime import agent_io
 from runtime.world import World, WorldCache, WorldSpec, tool_spec_of
 
@@ -257,7 +257,7 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
             else:
                 obs = p["error"] if kind == "accept" else "user rejected it; nothing changed"
             return Command(goto="act", update={**_observed(state, obs), "feedback": feedback})
-        if kind in ("edit", "takeover"):
+        if kind in CORRECTION_KINDS:
             if not isinstance(args, dict) or not isinstance(args.get("action"), str) \
                     or not isinstance(args.get("args", {}), dict):
                 return _ask_again(p, f"{kind} needs args {{'action': tool name or 'reply', 'args': {{...}}}}")

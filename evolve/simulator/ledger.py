@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from dynamic_bench import make
 from dynamic_bench.actions import Reply, ToolCall, parse_action
-from dynamic_bench.schema import Task, Trajectory
+from dynamic_bench.schema import CORRECTION_KINDS, Task, Trajectory
 from evolve.report import md_table, write_json
 from evolve.simulator.fit import FeedbackRecord, fit, validate
 
@@ -49,7 +49,7 @@ def replay(traj: Trajectory) -> list[dict[str, Any]]:
             out.append({"step": s.index, "judgement": j, "feedback": fb, "action_text": s.action_text})
         if fb is None or fb.kind == "approve":
             env.step(s.action_text)
-        elif fb.kind in ("edit", "takeover") and fb.payload.get("action"):
+        elif fb.kind in CORRECTION_KINDS and fb.payload.get("action"):
             env.step(fb.payload["action"])
     return out
 

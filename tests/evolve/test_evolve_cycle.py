@@ -100,6 +100,8 @@ def test_training_scores_held_out_tasks_apart_from_the_gate(clean_cycle, tiny_po
         assert 0.0 <= train[f"heldout_{name}_first"] <= 1.0 and 0.0 <= train[f"heldout_{name}_last"] <= 1.0
     rows = [json.loads(x) for x in (d / "cycles" / state.cycle_id / "train" / "metrics.jsonl").read_text().splitlines()]
     assert "heldout_current" in rows[-1] and "heldout_old_rules" in rows[-1]
+    for name in ("current", "old_rules"):  # "first" is the policy before any update
+        assert train[f"heldout_{name}_first"] == rows[0][f"heldout_{name}_start"]
     assert train["diagnosis"] and all(line.startswith("- ") for line in train["diagnosis"])
     assert "## Training diagnosis" in (d / "cycles" / state.cycle_id / "report.md").read_text()
     contexts = json.loads((d / "cycles" / state.cycle_id / "experience" / "contexts.json").read_text())

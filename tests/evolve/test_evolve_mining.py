@@ -87,6 +87,21 @@ def test_experience_data_and_task_pool():
     assert ctx and ctx[-1]["rules"] != ctx[-1]["shown_rules"]  # the silent context is recorded as such
 
 
+def test_experience_does_not_depend_on_the_order_users_logged_in():
+    """Concurrent users interleave the log differently each run; the training data must not move."""
+    import random
+
+    trajs = log() + log()  # a second copy of each episode under new trajectory ids
+    for i, t in enumerate(trajs):
+        t.steps[0].prompt_token_ids = [1, 2, 0, i]  # distinct contents for the same task
+    exp, pool = experience(trajs), task_pool(trajs, max_tasks=10, seed=0)
+    for seed in range(3):
+        shuffled = random.Random(seed).sample(trajs, len(trajs))
+        assert shuffled != trajs
+        assert experience(shuffled) == exp
+        assert task_pool(shuffled, max_tasks=10, seed=0) == pool
+
+
 def test_experience_learns_only_what_is_still_right_after_a_silent_shift():
     """Logged v1 behaviour is training data after a silent shift to v2 only where v2 wants the same
     answer (the prompts are identical); after an announced shift, or under the latest rules, always."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from dynamic_bench.schema import Step, Trajectory
-from training.rl.diagnostics import Diagnostics, diagnose, group_stats
+from training.rl.diagnostics import Diagnostics, diagnose, group_stats, held_out_series
 
 
 def _traj(reward: float, tools: list[str]) -> Trajectory:
@@ -47,6 +47,19 @@ def test_diagnosis_fires_each_rule_of_thumb():
     ok = diagnose(_rows(zero_var_frac=[0.3] * 8, reward_mean=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
                         heldout_success=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], clip_frac=[0.01] * 8))
     assert ok[0].startswith("healthy")
+
+
+def test_held_out_series_starts_before_the_first_update():
+    """A run that fell at its first evaluation and only climbed back to where it started is flat,
+    not improving: the score before any update (logged with step 1) leads the series."""
+    rows = [{"step": i + 1, "reward_mean": 0.2 + 0.1 * i, "zero_var_frac": 0.3} for i in range(9)]
+    for r, h in zip(rows[2::3], (0.1, 0.2, 0.3)):
+        r["heldout_success"] = h
+    assert held_out_series(rows) == [0.1, 0.2, 0.3]
+    assert diagnose(rows)[0].startswith("healthy")  # without the start: 0.1 -> 0.3 looks like learning
+    rows[0]["heldout_success_start"] = 0.3
+    assert held_out_series(rows) == [0.3, 0.1, 0.2, 0.3]
+    assert any("held-out stayed flat (0.30→0.30)" in x for x in diagnose(rows))
 
 
 def test_log_survives_a_torn_last_line_and_plots(tmp_path):

@@ -107,6 +107,14 @@ def series(rows: Iterable[dict], key: str) -> list[float]:
     return [float(r[key]) for r in rows if r.get(key) is not None]
 
 
+def held_out_series(rows: Sequence[dict], key: str = "heldout_success") -> list[float]:
+    """Held-out scores in step order, led by the score before any update (`<key>_start`, logged with
+    step 1) where the run measured it: without it a run that never improved on its start looks flat
+    from its first evaluation, and one that fell then recovered looks healthy."""
+    start = rows[0].get(f"{key}_start") if rows else None
+    return ([float(start)] if start is not None else []) + series(rows, key)
+
+
 def _ends(xs: list[float]) -> tuple[float, float]:
     q = max(1, len(xs) // 4)
     return mean(xs[:q]), mean(xs[-q:])
@@ -123,7 +131,7 @@ def diagnose(rows: Sequence[dict]) -> list[str]:
                    "rollouts gave no gradient. Look at samples and rollout counts first (larger groups, "
                    "action-level exploration, corrections as supervised signal, the scheduler's retire/"
                    "circuit-break thresholds, the reward itself) before changing the loss.")
-    tr, ho = series(rows, "reward_mean"), series(rows, "heldout_success")
+    tr, ho = series(rows, "reward_mean"), held_out_series(rows)
     if len(tr) >= 4 and len(ho) >= 2:
         (t0, t1), (h0, h1) = _ends(tr), _ends(ho)
         if t1 - t0 > 0.1 and h1 - h0 < 0.03:

@@ -15,10 +15,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from dynamic_bench.schema import Task, Trajectory
+from dynamic_bench.schema import CORRECTION_KINDS, Task, Trajectory
 from training.engines.base import Engine, Generation, SamplingParams
 
-CORRECTION_KINDS = ("edit", "takeover")
 # DriftBench's observation after a simulated user's correction (dynamic_bench/env.py).
 _CORRECTED = re.compile(r"^user (?:edited it to|took over and did) (.+?); ", re.S)
 

@@ -226,8 +226,18 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         return not cfg.dynamic_sampling or (len(rewards) > 1 and max(rewards) > min(rewards))
 
     factory = EpisodeRunnerFactory.from_config(cfg)
-    workers = WorkerPool(factory, cfg.n_workers, out / "adapters", backend=cfg.backend)
+
+    def score_heldout(engine) -> dict[str, float]:
+        sets = pool.heldout if isinstance(pool.heldout, dict) else {"success": pool.heldout}
+        scores = {f"heldout_{name}": evaluate(engine, factory, tasks, seed=cfg.seed) for name, tasks in sets.items()}
+        return {**scores, "heldout_success": next(iter(scores.values()))} if scores else {}
+
     eval_engine = None
+    start: dict[str, float] = {}
+    if pool.heldout and cfg.eval_every and step == 0:  # a fresh engine serves the base policy
+        eval_engine = factory.make_engine(seed=cfg.seed)
+        start = score_heldout(eval_engine)
+    workers = WorkerPool(factory, cfg.n_workers, out / "adapters", backend=cfg.backend)
     keep_versions = cfg.keep_adapters or cfg.eta + 3
     bar = _progress(cfg, step)
     t_start = time.perf_counter()
@@ -264,14 +274,12 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
                    "stale_rejected": cstats["groups_stale"], "staleness_mean": sum(lags) / max(len(lags), 1),
                    "staleness_hist": {str(k): lags.count(k) for k in sorted(set(lags))},
                    "scheduler": sched.counts(), "tasks": _task_states(sched)}
+            if step == 1:  # the policy before any update: the held-out series' starting point
+                row.update({f"{k}_start": v for k, v in start.items()})
             if pool.heldout and (step % cfg.eval_every == 0 or step == cfg.steps):
                 eval_engine = eval_engine or factory.make_engine(seed=cfg.seed)
                 eval_engine.load_adapter(str(adapter_path), f"v{version}")
-                sets = pool.heldout if isinstance(pool.heldout, dict) else {"success": pool.heldout}
-                for i, (name, tasks) in enumerate(sets.items()):
-                    row[f"heldout_{name}"] = evaluate(eval_engine, factory, tasks, seed=cfg.seed)
-                    if i == 0:
-                        row["heldout_success"] = row[f"heldout_{name}"]
+                row.update(score_heldout(eval_engine))
             diag.log(row)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
