@@ -74,7 +74,7 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
             if seq and not corrected:
                 add(t.tenant, "strategy", f"Strategy: for a request like '{template(task.instruction)}', "
                     f"{' then '.join(seq)} succeeded.", t, None, f"{t.id} succeeded",
-                    {"type": "strategy", "sequence": seq})
+                    {"type": "strategy", "sequence": seq, "template": template(task.instruction)})
     for (tenant, user), c in answers.items():
         n = sum(c.values())
         if n >= min_pref_evidence:

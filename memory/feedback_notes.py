@@ -27,6 +27,16 @@ def template(instruction: str) -> str:
     return _NUM.sub("N", mask(instruction)).strip()
 
 
+def applies_to(payload: dict[str, Any], instruction: str) -> bool:
+    """Whether an item made for one kind of request (its payload's `template`) applies to this one.
+    Why: recall is by similarity, and request templates differ by a word ("refund" vs "exchange"):
+    a demo refund request recalled "for a request like 'I want to exchange…', get_order then exchange
+    then reply succeeded", followed it, and failed. Items without a template (rules users stated,
+    tool notes) apply to every request; so does everything when there is no instruction (a chat)."""
+    want = payload.get("template")
+    return not want or not instruction or want == template(instruction)
+
+
 def tool_name(action_text: str) -> str | None:
     """The tool an action text calls ('reply' for a reply, None when unparsable)."""
     a = parse_action(action_text)
@@ -60,5 +70,6 @@ def feedback_notes(feedback: Iterable[Feedback], instruction: str) -> list[dict[
                                 text=f"Rule: when you would {a} for a request like '{template(instruction)}', "
                                      f"users {verb} {b} instead.",
                                 evidence=f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
-                                payload={"type": "correction", "from": a, "to": b}))
+                                payload={"type": "correction", "from": a, "to": b,
+                                         "template": template(instruction)}))
     return out

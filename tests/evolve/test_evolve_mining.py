@@ -54,6 +54,11 @@ def test_items_have_provenance_and_support_and_are_deduplicated():
     kinds = Counter(s["kind"] for s in specs)
     assert kinds["tool_knowledge"] == 1 and kinds["strategy"] == 1 and kinds["task_experience"] >= 3
     assert any("replace escalate" in s["text"] for s in specs)  # the edit: refund → escalate
+    from memory.feedback_notes import template
+    strategy = next(s for s in specs if s["kind"] == "strategy")
+    assert strategy["payload"]["template"] == template(_task(2).instruction)  # recalled for that request only
+    edit = next(s for s in specs if "replace escalate" in s["text"])
+    assert edit["payload"]["template"] == template(_task(1).instruction)
     stale = mine_items(log(), "cycle-x", current=lambda t: False)  # no episode under the rules now in force
     assert not [s for s in stale if s["kind"] == "strategy"] and len(stale) == len(specs) - 1
 

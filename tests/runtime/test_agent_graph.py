@@ -169,3 +169,32 @@ def test_recall_shows_the_policy_rules_not_descriptions_of_users(engine_runner, 
         assert {r["kind"] for r in shown.values["working_memory"]["recalled"]} == {"task_experience", "user_preference"}
     finally:
         mem.close()
+
+
+def test_recall_skips_items_made_for_another_kind_of_request(engine_runner, tmp_path):
+    """A strategy or correction note mined from one request template is not shown for another,
+    however similar: a refund request once recalled an exchange strategy and followed it."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from memory import MemoryService
+    from memory.feedback_notes import template
+
+    mem = MemoryService(tmp_path / "mem")
+    try:
+        _, graph = _graph(engine_runner, InMemorySaver(), memory=mem)
+        cfg = _paused(graph, "recall")
+        request = graph.get_state(cfg).values["episode"]["instruction"]
+        other = request.replace("exchange", "refund") if "exchange" in request else request + " Refund it."
+        assert template(other) != template(request)
+        mine = mem.add("t1", f"Strategy: for a request like '{template(request)}', get_order then reply succeeded.",
+                       kind="strategy", payload={"template": template(request)})
+        theirs = mem.add("t1", f"Strategy: for a request like '{template(other)}', get_customer then get_order "
+                               "then refund then escalate then reply succeeded.",
+                         kind="strategy", payload={"template": template(other)})
+        rule = mem.add("t1", f"Rule: for '{request}' deny it.", kind="task_experience")
+        assert len({mine.id, theirs.id, rule.id}) == 3
+        assert theirs.id in {h.item.id for h in mem.search("t1", request, k=3)}  # similar enough to be recalled
+        recalled = {r["id"] for r in graph.get_state(_paused(graph, "recall-2")).values["working_memory"]["recalled"]}
+        assert mine.id in recalled and rule.id in recalled and theirs.id not in recalled
+    finally:
+        mem.close()
