@@ -72,9 +72,10 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
             seq = [n for n in (tool_name(s.action_text) for s in t.steps) if n]
             corrected = any(f.kind != "approve" for f in t.feedback)
             if seq and not corrected:
-                add(t.tenant, "strategy", f"Strategy: for a request like '{template(task.instruction)}', "
+                kind_of_request = template(task.instruction)
+                add(t.tenant, "strategy", f"Strategy: for a request like '{kind_of_request}', "
                     f"{' then '.join(seq)} succeeded.", t, None, f"{t.id} succeeded",
-                    {"type": "strategy", "sequence": seq, "template": template(task.instruction)})
+                    {"type": "strategy", "sequence": seq, "template": kind_of_request})
     for (tenant, user), c in answers.items():
         n = sum(c.values())
         if n >= min_pref_evidence:

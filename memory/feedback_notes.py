@@ -27,14 +27,15 @@ def template(instruction: str) -> str:
     return _NUM.sub("N", mask(instruction)).strip()
 
 
-def applies_to(payload: dict[str, Any], instruction: str) -> bool:
-    """Whether an item made for one kind of request (its payload's `template`) applies to this one.
+def applies_to(payload: dict[str, Any], request_template: str) -> bool:
+    """Whether an item made for one kind of request (its payload's `template`) applies to a request
+    of `request_template` (`template(instruction)`, computed once per recall by the caller).
     Why: recall is by similarity, and request templates differ by a word ("refund" vs "exchange"):
     a demo refund request recalled "for a request like 'I want to exchange…', get_order then exchange
     then reply succeeded", followed it, and failed. Items without a template (rules users stated,
     tool notes) apply to every request; so does everything when there is no instruction (a chat)."""
     want = payload.get("template")
-    return not want or not instruction or want == template(instruction)
+    return not want or not request_template or want == request_template
 
 
 def tool_name(action_text: str) -> str | None:
@@ -66,10 +67,11 @@ def feedback_notes(feedback: Iterable[Feedback], instruction: str) -> list[dict[
             a, b = tool_name(str(f.payload.get("proposed", ""))), tool_name(str(f.payload["action"]))
             if a and b and a != b:
                 verb = "replace" if f.kind == "edit" else "do"
+                kind_of_request = template(instruction)
                 out.append(dict(kind="task_experience", step=f.step, source="agent",
-                                text=f"Rule: when you would {a} for a request like '{template(instruction)}', "
+                                text=f"Rule: when you would {a} for a request like '{kind_of_request}', "
                                      f"users {verb} {b} instead.",
                                 evidence=f"{f.kind}: {f.payload.get('proposed')} -> {f.payload['action']}",
                                 payload={"type": "correction", "from": a, "to": b,
-                                         "template": template(instruction)}))
+                                         "template": kind_of_request}))
     return out

@@ -30,7 +30,7 @@ from langgraph.types import Command, interrupt
 from dynamic_bench.actions import (ActionError, Reply, ToolCall, action_dict, format_action, parse_action,
                                    validate_call)
 from dynamic_bench.schema import CORRECTION_KINDS, Feedback, Step, Trajectory, new_id
-from memory.feedback_notes import applies_to
+from memory.feedback_notes import applies_to, template
 from runtime import agent_io
 from runtime.world import World, WorldCache, WorldSpec, tool_spec_of
 
@@ -144,7 +144,8 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
             try:
                 hits = deps.memory.search(c["tenant"], query, k=3 * deps.cfg.recall_k,
                                           kinds=list(deps.cfg.recall_kinds))
-                hits = [h for h in hits if applies_to(h.item.payload, ep.get("instruction", ""))][:deps.cfg.recall_k]
+                kind_of_request = template(ep.get("instruction", ""))
+                hits = [h for h in hits if applies_to(h.item.payload, kind_of_request)][:deps.cfg.recall_k]
                 recalled = [{"id": h.item.id, "text": h.item.text, "kind": h.item.kind,
                              "score": round(float(h.score), 4)} for h in hits]
             except Exception as e:  # memory trouble degrades recall, it does not fail the turn
