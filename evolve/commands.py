@@ -21,6 +21,8 @@ def cycle(
     rl_steps: int = typer.Option(30, help="RL learner steps for the candidate adapter."),
     gate_tasks: int = typer.Option(100, help="Tasks per gate slice (the paired test needs enough of them)."),
     tolerance: float = typer.Option(0.03, help="Largest allowed success drop on any other slice."),
+    distill_tasks: int = typer.Option(64, help="Fresh tasks played with and without memory; those only memory "
+                                               "solves are trained on without it (0: off)."),
     seed: int = typer.Option(0),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what the cycle would do; write nothing."),
 ) -> None:
@@ -29,7 +31,8 @@ def cycle(
     from evolve.lock import CycleLocked
 
     cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
-                      gate_tasks=gate_tasks, tolerance=tolerance, seed=seed, dry_run=dry_run)
+                      gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks, seed=seed,
+                      dry_run=dry_run)
     if dry_run:
         typer.echo(json.dumps(plan(cfg), indent=2, default=str))
         return

@@ -45,7 +45,7 @@ def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
 def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tenants: set[str],
                 fault: Callable[[], None] = lambda: None) -> dict[str, Any]:
     from evolve.stages import evaluate
-    from runtime.graph import AgentConfig
+    from runtime.graph import AgentConfig, recall_items
 
     path = Path(cycle_dir) / "consolidation.json"
     if path.exists():
@@ -57,8 +57,7 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
         tasks = [uniq[k] for k in keys]
         # With memory: what the runtime would recall for the task (before anything is retired).
         recall = AgentConfig()
-        notes = [[h.item.text for h in mem.search(tenant, t.instruction, k=recall.recall_k,
-                                                  kinds=list(recall.recall_kinds))]
+        notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
                  for (tenant, _), t in uniq.items()]
         seed = cfg.seed * 11 + 3
         res = evaluate(cfg, [(adapter, version)], {"without": tasks, "with": tasks}, seed=seed,

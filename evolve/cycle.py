@@ -42,6 +42,8 @@ class CycleConfig:
     pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
     distill_memory: bool = True         # logged rows also trained with their memory section emptied
     experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
+    distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
+                                        # those only memory solves become SFT rows (evolve.distill)
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a

@@ -20,11 +20,12 @@ from evolve.demo import DemoConfig, arm_metrics
 from evolve.report import md_table, plot_arms, write_json
 
 TOKENS = "demo-token-0001=demo"
-SIZES = {  # episodes, cycle point, RL steps, learning rate, logged rows per step, exploration, gate tasks per slice
+SIZES = {  # episodes, cycle point, RL steps, learning rate, logged rows per step, exploration, gate tasks per
+    # slice, fresh tasks for memory distillation
     "tiny": dict(episodes=16, cycle_at=0.5, rl_steps=1, lr=2e-4, experience=16, explore=0.2, gate_tasks=4,
-                 max_turns=4, groups=2),
+                 max_turns=4, groups=2, distill=8),
     "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, lr=5e-4, experience=64, explore=0.05, gate_tasks=200,
-                  max_turns=8, groups=4),
+                  max_turns=8, groups=4, distill=256),
 }
 
 
@@ -101,7 +102,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     ccfg = CycleConfig(data_dir=str(data), domain=cfg.domain, preset=cfg.preset, seed=cfg.seed,
                        rl_steps=size["rl_steps"], lr=size["lr"], experience_per_step=size["experience"],
                        explore_eps=size["explore"], gate_tasks=size["gate_tasks"],
-                       groups_per_step=size["groups"], max_turns=size["max_turns"], base_model=str(policy))
+                       groups_per_step=size["groups"], max_turns=size["max_turns"], distill_tasks=size["distill"],
+                       base_model=str(policy))
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
     gate_out = state.stages["gate"]["output"]

@@ -150,8 +150,17 @@ def experience(ctx: CycleContext) -> dict:
                               for t in replay]
     _write_jsonl(out / "tasks.jsonl", rows)
     write_json(out / "contexts.json", contexts)
+    distilled = {}
+    if cfg.distill_tasks and learnable and not cfg.corrupt_rewards:
+        from evolve.distill import memory_distillation
+
+        cur = registry(ctx).current()
+        serving = (cur.adapter_path if cur else None, registry(ctx).current_version())
+        drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving, cfg.distill_tasks)
+        _write_jsonl(out / "distilled.jsonl", drows)
+        write_json(out / "distill_outcomes.json", distilled.pop("outcomes"))
     ctx.fault_point("experience")
-    return {"sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
+    return {**distilled, "sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
             "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
             "rule_contexts": len(contexts), "superseded_trajectories": len(trajs) - len(learnable),
             "corrupted": bool(cfg.corrupt_rewards)}
@@ -159,7 +168,8 @@ def experience(ctx: CycleContext) -> dict:
 
 def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) -> tuple[list, list]:
     """The experience stage's files as training input: SFT rows (approved successes, with their
-    sampled ids; corrections, the user's action as the target) and DPO preference pairs. With
+    sampled ids; corrections, the user's action as the target; memory-distilled steps) and DPO
+    preference pairs. With
     `distill_memory`, every row whose prompt showed retrieved memory is also given once with the
     memory section emptied (same target): what memory taught becomes weights (`without_memory`)."""
     from runtime.scaffolds import without_memory
@@ -172,6 +182,9 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
            for r in _read_jsonl(exp_dir / "sft.jsonl")]
     sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
             for r in _read_jsonl(exp_dir / "corrections.jsonl")]
+    if (exp_dir / "distilled.jsonl").exists():  # already without memory (evolve.distill)
+        sft += [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
+                for r in _read_jsonl(exp_dir / "distilled.jsonl")]
     pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
                       r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
     if distill_memory:
@@ -238,10 +251,12 @@ def train(ctx: CycleContext) -> dict:
 
 
 # ---- 4. gate -------------------------------------------------------------------------------------
-def gate_slices(cfg: CycleConfig, contexts: list[dict], n: int = 0, purpose: str = "gate") -> dict[str, list]:
+def gate_slices(cfg: CycleConfig, contexts: list[dict], n: int = 0, purpose: str = "gate",
+                split: str = "test") -> dict[str, list]:
     """Test-split tasks per slice (`n` each, default `cfg.gate_tasks`): the latest rules as users
     meet them, older rules (else the first version: forgetting), and the latest rules announced
-    (held out). `purpose` seeds the draw, so training's held-out tasks are not the gate's.
+    (held out). `purpose` seeds the draw, so training's held-out tasks are not the gate's; memory
+    distillation draws from the train `split`.
 
     An older context shown the *same* policy text as the latest one (a silent shift) gets only tasks
     whose right actions are the same under both rules: on the others no policy can be right for
@@ -258,7 +273,7 @@ def gate_slices(cfg: CycleConfig, contexts: list[dict], n: int = 0, purpose: str
         for _ in range(200 * k):
             if len(out) == k:
                 break
-            t = make_task(d, rng, rule_version=rules, split="test", prior=prior, shown=shown)
+            t = make_task(d, rng, rule_version=rules, split=split, prior=prior, shown=shown)
             if agree_with is None or d.same_answer(t.params, rules, agree_with):
                 out.append(t)
         return out
@@ -397,5 +412,6 @@ def plan(cfg: CycleConfig) -> dict:
             "examples": [s["text"] for s in specs[:8]],
             "experience": {k: len(v) for k, v in exp.items()}, "rule_contexts": len(rule_contexts(trajs)),
             "serving": PolicyRegistry(data).current_version(),
+            "would_distill": f"{cfg.distill_tasks} fresh tasks played with and without memory" if trajs else "nothing",
             "would_train": f"{cfg.rl_steps} RL steps from the {cfg.preset} cold-start policy" if trajs else "nothing",
             "would_gate": f"{cfg.gate_tasks} tasks per slice, alpha {cfg.alpha}, tolerance {cfg.tolerance}"}

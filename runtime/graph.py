@@ -82,6 +82,19 @@ class AgentConfig:
     approval: str = "writes"       # writes | all (see needs_approval)
 
 
+def recall_items(memory: Any, tenant: str, instruction: str, user_texts: list[str], cfg: AgentConfig) -> list:
+    """What the agent recalls for a request (memory hits, best first): the items most similar to
+    the instruction and the user's last two messages, keeping only those made for this kind of
+    request (`applies_to`). One function, so what consolidation and memory distillation show
+    the policy offline is what the served agent is shown."""
+    query = " ".join([instruction] + list(user_texts)[-2:])
+    if not query.strip():
+        return []
+    hits = memory.search(tenant, query, k=3 * cfg.recall_k, kinds=list(cfg.recall_kinds))
+    kind_of_request = template(instruction)
+    return [h for h in hits if applies_to(h.item.payload, kind_of_request)][:cfg.recall_k]
+
+
 @dataclass
 class AgentDeps:
     runner: Any                    # runtime.engine_runner.EngineRunner
@@ -138,14 +151,11 @@ def build_graph(deps: AgentDeps, checkpointer: Any = None, store: Any = None):
         upd["history"] = history
         upd["seen"] = len(msgs) + len(upd.get("messages", []))
         world = world_of({**state, **upd}, config)
-        query = " ".join([ep.get("instruction", "")] + [h["text"] for h in history if h["role"] == "user"][-2:])
         recalled = []
-        if deps.memory is not None and query.strip():
+        if deps.memory is not None:
             try:
-                hits = deps.memory.search(c["tenant"], query, k=3 * deps.cfg.recall_k,
-                                          kinds=list(deps.cfg.recall_kinds))
-                kind_of_request = template(ep.get("instruction", ""))
-                hits = [h for h in hits if applies_to(h.item.payload, kind_of_request)][:deps.cfg.recall_k]
+                hits = recall_items(deps.memory, c["tenant"], ep.get("instruction", ""),
+                                    [h["text"] for h in history if h["role"] == "user"], deps.cfg)
                 recalled = [{"id": h.item.id, "text": h.item.text, "kind": h.item.kind,
                              "score": round(float(h.score), 4)} for h in hits]
             except Exception as e:  # memory trouble degrades recall, it does not fail the turn

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
     base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
-                groups_per_step=2, max_turns=4, consolidate_tasks=2, seed=0)
+                groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, seed=0)
     return CycleConfig(**{**base, **kw})
 
 
@@ -77,6 +77,9 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     d, state = clean_cycle
     assert state.status == "done" and all(state.stages[s]["status"] == "done" for s in STAGES)
     assert state.stages["mine"]["output"]["trajectories"] > 0
+    exp = state.stages["experience"]["output"]
+    assert exp["distill_tasks"] == 8 and exp["distilled_rows"] == len(
+        (d / "cycles" / state.cycle_id / "experience" / "distilled.jsonl").read_text().splitlines())
     assert state.outcome in ("promoted", "rejected")
     folder = d / "cycles" / state.cycle_id
     for f in ("report.md", "report.json", "report.png", "state.json", "gate_eval.json"):

@@ -1,0 +1,88 @@
+"""Memory distillation: what memory makes the serving policy get right becomes training data.
+
+The logged experience covers only the requests users happened to make, and a silent shift leaves
+the policy text unchanged, so without memory the policy has nothing to tell the new rules from the
+old. Here the serving policy plays fresh tasks under each tenant's latest rules twice, greedily:
+with the memory the runtime would recall for them (`runtime.graph.recall_items`) and without.
+The tasks that succeed with memory and fail without are the cases memory is carrying; their steps,
+with the memory section emptied (`without_memory`), become SFT rows, so the candidate learns them
+and the tenant depends less on memory (DESIGN: turn memory into training data). Only verified
+successes are kept, so a wrong memory item teaches nothing. Tasks come from the train split (the
+gate draws from test); each tenant's tasks are played with that tenant's memory only.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+
+def distill_tasks(cfg, trajs: list, n: int) -> dict[str, list]:
+    """About `n` train-split tasks in all, split over the window's tenants, each under its tenant's
+    latest rule context (as users meet them: the rules in force and the policy text shown)."""
+    from evolve.mining import rule_contexts
+    from evolve.stages import gate_slices
+
+    by_tenant: dict[str, list] = defaultdict(list)
+    for t in trajs:
+        by_tenant[t.tenant].append(t)
+    per = max(1, n // max(1, len(by_tenant)))
+    out = {}
+    for tenant, ts in sorted(by_tenant.items()):
+        contexts = rule_contexts(ts)
+        if contexts:
+            out[tenant] = gate_slices(cfg, contexts[-1:], per, purpose=f"distill/{tenant}", split="train")["current"]
+    return out
+
+
+def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n: int) -> tuple[list[dict], dict]:
+    """SFT rows (`prompt_token_ids` without memory, `completion_token_ids`) from the tasks the serving
+    `policy` (adapter, version) solves only with memory, and the counts behind them."""
+    from evolve.stages import base_policy
+    from runtime.graph import AgentConfig, recall_items
+    from training.engines import make_engine
+    from training.rollout import RolloutConfig, rollout
+
+    per_tenant = distill_tasks(cfg, trajs, n)
+    tasks = [t for ts in per_tenant.values() for t in ts]
+    stats: dict[str, Any] = {"distill_tasks": len(tasks), "with_memory": 0, "without_memory": 0,
+                             "memory_made_the_difference": 0, "distilled_rows": 0, "outcomes": []}
+    if not tasks:
+        return [], stats
+    recall = AgentConfig()
+    notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
+             for tenant, ts in per_tenant.items() for t in ts]
+    engine = make_engine(f"torch:{base_policy(cfg)}", seed=cfg.seed)
+    rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=cfg.seed * 13 + 5)
+    try:
+        engine.load_adapter(*policy)
+        with_mem = rollout(engine, engine.tokenizer, tasks, rc, memory=notes)
+        bare = rollout(engine, engine.tokenizer, tasks, rc)
+        tok = engine.tokenizer
+    finally:
+        engine.close()
+    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok)
+    for o in stats["outcomes"]:
+        stats["with_memory"] += o["with_memory"]
+        stats["without_memory"] += o["without_memory"]
+        stats["memory_made_the_difference"] += o["with_memory"] and not o["without_memory"]
+    stats["distilled_rows"] = len(rows)
+    return rows, stats
+
+
+def distilled_rows(with_memory: list, bare: list, tokenizer) -> tuple[list[dict], list[dict]]:
+    """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
+    memory failed: every step, its prompt's memory section emptied; and each task's outcomes."""
+    from runtime.scaffolds import without_memory
+
+    rows, outcomes = [], []
+    for w, b in zip(with_memory, bare, strict=True):
+        ok = {"with_memory": int(w.outcome == "success"), "without_memory": int(b.outcome == "success")}
+        outcomes.append({"task_id": w.task_id, **ok})
+        if not ok["with_memory"] or ok["without_memory"]:
+            continue
+        for s in w.steps:
+            if s.completion_token_ids:
+                rows.append({"task_id": w.task_id, "completion_token_ids": list(s.completion_token_ids),
+                             "prompt_token_ids": without_memory(tokenizer, s.prompt_token_ids)
+                             or list(s.prompt_token_ids)})
+    return rows, outcomes

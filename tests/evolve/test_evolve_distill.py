@@ -1,0 +1,92 @@
+"""Memory distillation (evolve.distill): fresh tasks under each tenant's latest rules, played by the
+serving policy with and without the tenant's memory; what only memory solves becomes SFT rows."""
+from __future__ import annotations
+
+import pytest
+
+from tests.evolve.test_evolve_cycle import cfg_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _window(data_dir):
+    from memory import MemoryService
+
+    mem = MemoryService(data_dir / "memory")
+    return mem, mem.trajectories().trajectories
+
+
+def test_tasks_are_fresh_train_tasks_under_each_tenants_latest_rules(data_dir, tiny_policy):
+    from evolve.distill import distill_tasks
+    from evolve.mining import rule_contexts
+    from evolve.stages import gate_slices
+
+    mem, trajs = _window(data_dir)
+    mem.close()
+    cfg = cfg_for(data_dir, tiny_policy)
+    other = [t.model_copy(update={"tenant": "other-co"}) for t in trajs[:4]]  # its latest context: v1
+    per = distill_tasks(cfg, trajs + other, 12)
+    assert set(per) == {trajs[0].tenant, "other-co"} and all(len(ts) == 6 for ts in per.values())
+    for tenant, src in ((trajs[0].tenant, trajs), ("other-co", other)):
+        latest = rule_contexts(src)[-1]
+        assert all(t.params["rules"] == latest["rules"] and t.params["shown_rules"] == latest["shown_rules"]
+                   for t in per[tenant])
+        assert all(t.split == "train" for t in per[tenant])  # the gate draws from test
+    gate = gate_slices(cfg, rule_contexts(trajs))["current"]
+    assert {t.id for t in per[trajs[0].tenant]}.isdisjoint({t.id for t in gate})
+    assert [t.id for t in distill_tasks(cfg, trajs + other, 12)[trajs[0].tenant]] == [t.id for t in per[trajs[0].tenant]]
+
+
+def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, tiny_policy):
+    from evolve.distill import memory_distillation
+    from runtime.scaffolds import without_memory
+    from training.policy import load_tokenizer
+
+    mem, trajs = _window(data_dir)
+    cfg = cfg_for(data_dir, tiny_policy)
+    try:
+        rows, stats = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
+        again, stats_again = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
+    finally:
+        mem.close()
+    assert stats["distill_tasks"] == 8 and (rows, stats) == (again, stats_again)  # greedy and seeded
+    outcomes = stats["outcomes"]
+    assert len(outcomes) == 8 and stats["with_memory"] == sum(o["with_memory"] for o in outcomes)
+    only_memory = {o["task_id"] for o in outcomes if o["with_memory"] and not o["without_memory"]}
+    assert {r["task_id"] for r in rows} == only_memory
+    assert stats["memory_made_the_difference"] == len(only_memory)
+    tok = load_tokenizer(tiny_policy)
+    for r in rows:  # the memory section is emptied: there is nothing left to strip
+        assert without_memory(tok, r["prompt_token_ids"]) is None and r["completion_token_ids"]
+
+
+def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_policy):
+    """The selection on real rollouts with a memory note in the prompt, verdicts set per task: the
+    tiny policy solves nothing, so the four combinations of (with, without) are given."""
+    from dynamic_bench import generate_tasks
+    from evolve.distill import distilled_rows
+    from runtime.scaffolds import without_memory
+    from training.engines import make_engine
+    from training.rollout import RolloutConfig, rollout
+
+    tasks = generate_tasks("retail", 4, seed=11)
+    e = make_engine(f"torch:{tiny_policy}", seed=0)
+    try:
+        rc = RolloutConfig(temperature=0.0, max_steps=2, seed=1)
+        notes = [["Refunds now only within 20 days of delivery."]] * 4
+        with_mem, bare = rollout(e, e.tokenizer, tasks, rc, memory=notes), rollout(e, e.tokenizer, tasks, rc)
+        tok = e.tokenizer
+    finally:
+        e.close()
+    verdict = [("success", "failure"), ("success", "success"), ("failure", "failure"), ("failure", "success")]
+    with_mem = [t.model_copy(update={"outcome": v[0]}) for t, v in zip(with_mem, verdict)]
+    bare = [t.model_copy(update={"outcome": v[1]}) for t, v in zip(bare, verdict)]
+    rows, outcomes = distilled_rows(with_mem, bare, tok)
+    assert [(o["with_memory"], o["without_memory"]) for o in outcomes] == [(1, 0), (1, 1), (0, 0), (0, 1)]
+    solved = with_mem[0]
+    assert [r["task_id"] for r in rows] == [tasks[0].id] * len(solved.steps)
+    for r, s in zip(rows, solved.steps):
+        assert without_memory(tok, s.prompt_token_ids) is not None  # the note was in the prompt ...
+        assert r["prompt_token_ids"] == without_memory(tok, s.prompt_token_ids)  # ... and is emptied
+        assert r["completion_token_ids"] == s.completion_token_ids
+    assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
