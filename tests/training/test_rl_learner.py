@@ -159,3 +159,33 @@ def test_preference_pairs_move_the_policy_towards_the_chosen_action(tiny_policy)
     assert stats[0]["pref_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=1e-4)  # B = 0: policy == ref
     assert stats[-1]["pref_loss"] < stats[0]["pref_loss"] - 0.05
     assert stats[-1]["pref_accuracy"] == 1.0
+
+
+def test_an_episodes_turns_are_scored_in_one_sequence_as_they_would_be_one_by_one(tiny_policy):
+    """Packing: each turn's prompt extends the last turn's ids, so one forward pass per episode
+    gives every turn's logprobs; the same as scoring the turns apart, and the engine's own."""
+    from dynamic_bench import generate_tasks
+    from training.engines.torch_engine import TorchEngine
+    from training.rl.learner import packed_sequences
+    from training.rollout import RolloutConfig, rollout
+
+    eng = TorchEngine(tiny_policy, seed=0)
+    trajs = rollout(eng, eng.tokenizer, generate_tasks("retail", 3, seed=4), RolloutConfig(temperature=1.0,
+                                                                                           max_steps=4, seed=2))
+    rows = [Row(list(s.prompt_token_ids), list(s.completion_token_ids), list(s.behaviour_logprobs), 1.0, k)
+            for k, t in enumerate(trajs) for s in t.steps]
+    ids = [r.prompt_ids + r.completion_ids for r in rows]
+    held = [i + 1 < len(ids) and ids[i + 1][:len(ids[i])] == ids[i] for i in range(len(ids))]
+    seqs, host = packed_sequences(rows)
+    assert len(seqs) == held.count(False) < len(rows)  # random weights: some turns were re-encoded
+    learner = Learner(tiny_policy, seed=0)
+    with torch.no_grad():
+        packed, mask, _ = learner._forward(rows)
+        apart = [learner._forward([r])[0][0] for r in rows]
+    for i, r in enumerate(rows):
+        n = len(r.completion_ids)
+        assert mask[i, :n].sum() == n
+        assert torch.allclose(packed[i, :n], apart[i][:n], atol=1e-5)
+        assert torch.allclose(packed[i, :n], torch.tensor(r.behav_logprobs), atol=1e-4)
+    broken = rows[:1] + [Row([7] + rows[1].prompt_ids[1:], rows[1].completion_ids, rows[1].behav_logprobs)]
+    assert len(packed_sequences(broken)[0]) == 2  # not a prefix (a truncated context): scored on its own

@@ -95,6 +95,22 @@ def rows_from_groups(groups: Sequence[Sequence[Any]], scale_by_std: bool = True)
     return rows, {"groups": n_groups, "zero_var_groups": n_groups - kept_groups}
 
 
+def packed_sequences(rows: Sequence[Row]) -> tuple[list[list[int]], list[int]]:
+    """The id sequences to run and, per row, the index of the one that holds it: a row is held by
+    the next row's sequence when its prompt + completion is a prefix of it (checked exactly, so
+    truncated contexts simply get a sequence of their own)."""
+    seqs: list[list[int]] = []
+    host = [0] * len(rows)
+    for i in range(len(rows) - 1, -1, -1):
+        ids = rows[i].prompt_ids + rows[i].completion_ids
+        if seqs and len(ids) <= len(seqs[-1]) and seqs[-1][:len(ids)] == ids:
+            host[i] = len(seqs) - 1
+        else:
+            seqs.append(ids)
+            host[i] = len(seqs) - 1
+    return seqs, host
+
+
 class Learner:
     """Owns the trainable LoRA model and its optimizer; `step()` is one learner update."""
 
@@ -119,13 +135,18 @@ class Learner:
 
     # ---- scoring --------------------------------------------------------------------------
     def _forward(self, rows: Sequence[Row], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Right-padded batch → per-token logprobs [R, T] on completion slots, mask [R, T], entropy."""
-        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        """Right-padded batch → per-token logprobs [R, T] on completion slots, mask [R, T], entropy.
+
+        A row whose ids are a prefix of the next row's (the turns of one episode: each turn's prompt
+        is the last prompt, its completion and the observation) is scored inside that row's
+        sequence: one forward pass per episode instead of one per turn (a causal model gives each
+        position the same logits either way). Rows that are not prefixes get their own sequence."""
+        seqs, host = packed_sequences(rows)
+        width = max(len(x) for x in seqs)
         tmax = max(len(r.completion_ids) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            seq = r.prompt_ids + r.completion_ids
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, seq in enumerate(seqs):
             ids[i, :len(seq)] = torch.tensor(seq)
             attn[i, :len(seq)] = 1
         if reference:
@@ -138,7 +159,7 @@ class Learner:
         mask = torch.zeros((len(rows), tmax))
         for i, r in enumerate(rows):
             n0, n = len(r.prompt_ids), len(r.completion_ids)
-            logz = torch.log_softmax(logits[i, n0 - 1:n0 + n - 1] / t, dim=-1)
+            logz = torch.log_softmax(logits[host[i], n0 - 1:n0 + n - 1] / t, dim=-1)
             lps.append(torch.nn.functional.pad(logz.gather(1, torch.tensor(r.completion_ids)[:, None])[:, 0],
                                                (0, tmax - n)))
             mask[i, :n] = 1.0
@@ -150,21 +171,22 @@ class Learner:
         return lp, mask, ent_sum / max(n_tok, 1)
 
     def _micro_batches(self, rows: list[Row]) -> list[list[Row]]:
-        """Chunks of whole trajectories, each at most `micro_batch_tokens` padded tokens."""
+        """Chunks of whole trajectories, each at most `micro_batch_tokens` padded tokens (as packed
+        by `_forward`: an episode's turns run as one sequence)."""
         out: list[list[Row]] = []
         cur: list[Row] = []
-        i = 0
+        n_seqs = i = 0
         while i < len(rows):
             j = i
             while j < len(rows) and rows[j].seq == rows[i].seq and rows[j].sft == rows[i].sft:
                 j += 1
             traj = rows[i:j]
-            cand = cur + traj
-            width = max(len(r.prompt_ids) + len(r.completion_ids) for r in cand)
-            if cur and width * len(cand) > self.settings.micro_batch_tokens:
+            k = len(packed_sequences(traj)[0])
+            width = max(len(r.prompt_ids) + len(r.completion_ids) for r in cur + traj)
+            if cur and width * (n_seqs + k) > self.settings.micro_batch_tokens:
                 out.append(cur)
-                cand = traj
-            cur = cand
+                cur, n_seqs = [], 0
+            cur, n_seqs = cur + traj, n_seqs + k
             i = j
         if cur:
             out.append(cur)
@@ -181,13 +203,15 @@ class Learner:
         over the epochs; `clip_frac` then shows the trust region at work."""
         s = self.settings
         epochs = max(1, int(s.ppo_epochs))
-        prox = None
-        if epochs > 1 and rows and s.decoupled:
-            with torch.no_grad():
+        prox = ref = None
+        with torch.no_grad():
+            if epochs > 1 and rows and s.decoupled:
                 prox = [self._forward(mb)[0] for mb in self._micro_batches(rows)]
+            if rows and (s.kl_coef or s.track_kl):  # the base model does not change: score it once
+                ref = [self._forward(mb, reference=True)[0] for mb in self._micro_batches(rows)]
         # the supervised and preference terms are taken once: no clip bounds them, so repeating
         # them per epoch multiplies their step (4 epochs: KL 0.009 -> 0.92 in five steps, measured)
-        runs = [self._one_epoch(rows, sft_rows if e == 0 else (), pref_pairs if e == 0 else (), prox)
+        runs = [self._one_epoch(rows, sft_rows if e == 0 else (), pref_pairs if e == 0 else (), prox, ref)
                 for e in range(epochs)]
         once = ("sft_rows", "sft_loss", "pref_pairs", "pref_loss", "pref_accuracy")
         stats: dict[str, float | None] = {}
@@ -198,7 +222,7 @@ class Learner:
         return stats
 
     def _one_epoch(self, rows: list[Row], sft_rows: Sequence[Row], pref_pairs: Sequence[PrefPair],
-                   prox: list[torch.Tensor] | None) -> dict[str, float | None]:
+                   prox: list[torch.Tensor] | None, ref: list[torch.Tensor] | None) -> dict[str, float | None]:
         s = self.settings
         self.optimizer.zero_grad(set_to_none=True)
         total_tok = sum(len(r.completion_ids) for r in rows)
@@ -213,8 +237,8 @@ class Learner:
             adv = torch.tensor([r.advantage for r in mb])
             seq_ids = torch.tensor([r.seq for r in mb])
             seq_ids = seq_ids - seq_ids.min()
-            ref = self._forward(mb, reference=True)[0] if (s.kl_coef or s.track_kl) else None
-            out = policy_loss(lp, behav, adv, mask, prox_logp=None if prox is None else prox[j], ref_logp=ref,
+            out = policy_loss(lp, behav, adv, mask, prox_logp=None if prox is None else prox[j],
+                              ref_logp=None if ref is None else ref[j],
                               seq_index=seq_ids, eps_low=s.eps_low, eps_high=s.eps_high, decoupled=s.decoupled,
                               correction=s.correction, is_cap=s.is_cap, icepop_beta=s.icepop_beta,
                               kl_coef=s.kl_coef, agg=s.agg)
