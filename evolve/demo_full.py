@@ -139,6 +139,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     old = gate_slices.get("old_rules")
     forgetting = (old["current"] - old["candidate"]) * 100 if old else None
     cons = state.stages["consolidate"]["output"]
+    exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
               "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "gate": gate_out,
               "arms": table, "new_rules_after_cycle": new_rules, "forgetting_old_rules_points": forgetting,
@@ -155,6 +156,10 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           f"Forgetting on the old-rule slice (gate, v1 tasks): "
           f"{'n/a' if forgetting is None else f'{forgetting:+.1f} points'}; "
           f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}.", "",
+          f"Memory distillation (before training): of {exp.get('distill_tasks', 0)} fresh tasks under the latest "
+          f"rules, the serving policy solved {exp.get('with_memory', 0)} with memory and {exp.get('without_memory', 0)} "
+          f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved gave "
+          f"{exp.get('distilled_rows', 0)} training rows.", "",
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]
     (out / "report.md").write_text("\n".join(md))
