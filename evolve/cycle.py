@@ -44,6 +44,7 @@ class CycleConfig:
     experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
     distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
                                         # those only memory solves become SFT rows (evolve.distill)
+    distill_anchor_ratio: float = 2.0   # tasks already solved without memory kept as rows, per distilled task
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a

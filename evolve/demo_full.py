@@ -159,7 +159,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           f"Memory distillation (before training): of {exp.get('distill_tasks', 0)} fresh tasks under the latest "
           f"rules, the serving policy solved {exp.get('with_memory', 0)} with memory and {exp.get('without_memory', 0)} "
           f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved gave "
-          f"{exp.get('distilled_rows', 0)} training rows.", "",
+          f"{exp.get('distilled_rows', 0)} training rows (and {exp.get('anchor_rows', 0)} anchor rows from tasks "
+          f"solved without memory).", "",
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]
     (out / "report.md").write_text("\n".join(md))

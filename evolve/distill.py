@@ -6,8 +6,9 @@ old. Here the serving policy plays fresh tasks under each tenant's latest rules 
 with the memory the runtime would recall for them (`runtime.graph.recall_items`) and without.
 The tasks that succeed with memory and fail without are the cases memory is carrying; their steps,
 with the memory section emptied (`without_memory`), become SFT rows, so the candidate learns them
-and the tenant depends less on memory (DESIGN: turn memory into training data). Only verified
-successes are kept, so a wrong memory item teaches nothing. Tasks come from the train split (the
+and the tenant depends less on memory (DESIGN: turn memory into training data); tasks it already
+solves without memory anchor what must not change. Only verified successes are kept, so a wrong
+memory item teaches nothing. Tasks come from the train split (the
 gate draws from test); each tenant's tasks are played with that tenant's memory only.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     per_tenant = distill_tasks(cfg, trajs, n)
     tasks = [t for ts in per_tenant.values() for t in ts]
     stats: dict[str, Any] = {"distill_tasks": len(tasks), "with_memory": 0, "without_memory": 0,
-                             "memory_made_the_difference": 0, "distilled_rows": 0, "outcomes": []}
+                             "memory_made_the_difference": 0, "distilled_rows": 0, "anchor_rows": 0,
+                             "outcomes": []}
     if not tasks:
         return [], stats
     recall = AgentConfig()
@@ -60,29 +62,42 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
         tok = engine.tokenizer
     finally:
         engine.close()
-    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok)
+    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio)
     for o in stats["outcomes"]:
         stats["with_memory"] += o["with_memory"]
         stats["without_memory"] += o["without_memory"]
         stats["memory_made_the_difference"] += o["with_memory"] and not o["without_memory"]
-    stats["distilled_rows"] = len(rows)
+    stats["anchor_rows"] = sum(bool(r.get("anchor")) for r in rows)
+    stats["distilled_rows"] = len(rows) - stats["anchor_rows"]
     return rows, stats
 
 
-def distilled_rows(with_memory: list, bare: list, tokenizer) -> tuple[list[dict], list[dict]]:
+def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0) -> tuple[list[dict], list[dict]]:
     """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
-    memory failed: every step, its prompt's memory section emptied; and each task's outcomes."""
+    memory failed: every step, its prompt's memory section emptied; and each task's outcomes.
+
+    With `anchor_ratio`, also that many anchor tasks per distilled task, first come first: tasks the
+    policy already solves without memory, their own steps as rows (`"anchor": True`). Why: a demo
+    candidate trained on distilled rows alone learned the new refund window (+10 points) and
+    stopped escalating large refunds it had escalated right (-6.5 points on old-rule tasks)."""
     from runtime.scaffolds import without_memory
 
-    rows, outcomes = [], []
+    rows, anchors, outcomes = [], [], []
     for w, b in zip(with_memory, bare, strict=True):
         ok = {"with_memory": int(w.outcome == "success"), "without_memory": int(b.outcome == "success")}
         outcomes.append({"task_id": w.task_id, **ok})
+        if ok["without_memory"]:
+            anchors.append(b)
         if not ok["with_memory"] or ok["without_memory"]:
             continue
-        for s in w.steps:
-            if s.completion_token_ids:
-                rows.append({"task_id": w.task_id, "completion_token_ids": list(s.completion_token_ids),
-                             "prompt_token_ids": without_memory(tokenizer, s.prompt_token_ids)
-                             or list(s.prompt_token_ids)})
+        rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
+                 for s in w.steps if s.completion_token_ids]
+    n_distilled = sum(o["with_memory"] and not o["without_memory"] for o in outcomes)
+    for b in anchors[:round(anchor_ratio * n_distilled)]:
+        rows += [{**_row(b.task_id, list(s.prompt_token_ids), s), "anchor": True}
+                 for s in b.steps if s.completion_token_ids]
     return rows, outcomes
+
+
+def _row(task_id: str, prompt_ids: list[int], step) -> dict:
+    return {"task_id": task_id, "prompt_token_ids": prompt_ids, "completion_token_ids": list(step.completion_token_ids)}

@@ -78,7 +78,7 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     assert state.status == "done" and all(state.stages[s]["status"] == "done" for s in STAGES)
     assert state.stages["mine"]["output"]["trajectories"] > 0
     exp = state.stages["experience"]["output"]
-    assert exp["distill_tasks"] == 8 and exp["distilled_rows"] == len(
+    assert exp["distill_tasks"] == 8 and exp["distilled_rows"] + exp["anchor_rows"] == len(
         (d / "cycles" / state.cycle_id / "experience" / "distilled.jsonl").read_text().splitlines())
     assert state.outcome in ("promoted", "rejected")
     folder = d / "cycles" / state.cycle_id

@@ -90,3 +90,12 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
         assert r["prompt_token_ids"] == without_memory(tok, s.prompt_token_ids)  # ... and is emptied
         assert r["completion_token_ids"] == s.completion_token_ids
     assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
+    assert not any(r.get("anchor") for r in rows)
+    # anchors: tasks already solved without memory (1 and 3), their own memory-free steps, per distilled task
+    for ratio, anchor_tasks in ((1.0, [1]), (2.0, [1, 3]), (5.0, [1, 3])):
+        with_anchors, _ = distilled_rows(with_mem, bare, tok, anchor_ratio=ratio)
+        assert with_anchors[:len(rows)] == rows
+        extra = with_anchors[len(rows):]
+        assert all(r["anchor"] for r in extra)
+        want = [(s.prompt_token_ids, s.completion_token_ids) for i in anchor_tasks for s in bare[i].steps]
+        assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
