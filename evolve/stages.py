@@ -154,8 +154,9 @@ def experience(ctx: CycleContext) -> dict:
     if cfg.distill_tasks and learnable and not cfg.corrupt_rewards:
         from evolve.distill import memory_distillation
 
-        cur = registry(ctx).current()
-        serving = (cur.adapter_path if cur else None, registry(ctx).current_version())
+        reg = registry(ctx)
+        cur = reg.current()
+        serving = (cur.adapter_path if cur else None, reg.current_version())
         drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving, cfg.distill_tasks)
         _write_jsonl(out / "distilled.jsonl", drows)
         write_json(out / "distill_outcomes.json", distilled.pop("outcomes"))
