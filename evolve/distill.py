@@ -8,8 +8,8 @@ The tasks that succeed with memory and fail without are the cases memory is carr
 with the memory section emptied (`without_memory`), become SFT rows, so the candidate learns them
 and the tenant depends less on memory (DESIGN: turn memory into training data); tasks it already
 solves without memory anchor what must not change. Only verified successes are kept, so a wrong
-memory item teaches nothing. Tasks come from the train split (the
-gate draws from test); each tenant's tasks are played with that tenant's memory only.
+memory item teaches nothing. Tasks come from the train split (the gate draws from test); each
+tenant's tasks are played with that tenant's memory only.
 """
 from __future__ import annotations
 
