@@ -106,6 +106,7 @@ def run_cmd(agent: str = typer.Option("oracle", "--agent", help="oracle, stale o
     con.print(t)
     pk = ", ".join(f"{k}={v:.2f}" for k, v in summary["pass_k"].items() if v is not None)
     con.print(f"success {summary['success_rate']:.3f}  aulc {summary['aulc']:.3f}  recovery "
-              f"{summary['recovery_episodes']}  stale-violation rate {summary['stale_violation_rate']:.3f}  "
+              f"{summary['recovery_episodes']} (changed tasks {summary['recovery_episodes_changed']})  "
+              f"stale-violation rate {summary['stale_violation_rate']:.3f}  "
               f"pass^k {pk}")
     con.print(f"wrote {out / 'result.json'} and {out / 'curve.png'}")

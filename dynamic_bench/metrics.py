@@ -3,8 +3,9 @@
 - pass^k (tau-bench): the chance that k independent trials of a task all succeed, estimated
   without bias as the mean over tasks of C(c, k) / C(n, k) (n trials, c successes).
 - Success per phase; recovery episodes after each shift (episodes until the success over a
-  window is back to >= 90% of the pre-shift plateau, capped at the phase length); the
-  stale-violation rate in the window after each shift.
+  window is back to >= 90% of the pre-shift plateau, capped at the phase length), over all
+  episodes and over the episodes the shift changed (those acting on older rules gets wrong);
+  the stale-violation rate in the window after each shift.
 - Forgetting and backward transfer over rule versions, from a phase x version success matrix.
 - AULC: the area under the (trailing-window) success curve, normalised to [0, 1].
 """
@@ -15,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from dynamic_bench.env import BENCH_VERSION
 from dynamic_bench.streams import Stream
+from dynamic_bench.tasks import old_rules_fail
 
 Matrix = Mapping[int, Mapping[int, float]]  # phase -> version -> success rate
 
@@ -59,22 +61,34 @@ def phase_success(results: Sequence[dict], stream: Stream) -> list[dict[str, Any
     return out
 
 
-def recovery_episodes(successes: Sequence[float], stream: Stream, window: int) -> list[int]:
-    """Per shift: episodes after it until a window's success is >= 90% of the pre-shift plateau."""
-    out = []
+def recovery_episodes(successes: Sequence[float], stream: Stream, window: int,
+                      only: Sequence[bool] | None = None) -> list[int | None]:
+    """Per shift: episodes after it until a window's success is >= 90% of the pre-shift plateau
+    (capped at the phase length: never). With `only` (a flag per episode), a window is the next
+    `window` flagged episodes of the phase, and the count runs from the phase's first flagged
+    episode (the shift's first visible effect) to the window's first; None for a phase without
+    flagged episodes. `only=changed_episodes(stream)` measures recovery on what the
+    shift changed: over all episodes, a window that happens to hold few changed tasks "recovers"
+    a policy that never adapted."""
+    out: list[int | None] = []
     for k in range(1, len(stream.phases)):
         prev, ph = stream.phases[k - 1], stream.phases[k]
         before = successes[max(prev["start"], ph["start"] - window):ph["start"]]
         target = 0.9 * (sum(before) / len(before) if before else 0.0)
-        length = ph["end"] - ph["start"]
-        rec = length
-        for r in range(length):
-            w = successes[ph["start"] + r:min(ph["start"] + r + window, ph["end"])]
+        idx = [i for i in range(ph["start"], ph["end"]) if only is None or only[i]]
+        rec: int | None = (ph["end"] - ph["start"]) if idx else None
+        for j in range(len(idx)):
+            w = [successes[i] for i in idx[j:j + window]]
             if sum(w) / len(w) >= target - 1e-12:
-                rec = r
+                rec = idx[j] - (ph["start"] if only is None else idx[0])
                 break
         out.append(rec)
     return out
+
+
+def changed_episodes(stream: Stream) -> list[bool]:
+    """Per episode: whether acting on older rules gets it wrong (`dynamic_bench.tasks.old_rules_fail`)."""
+    return [old_rules_fail(ep.task) for ep in stream.episodes]
 
 
 def stale_violation_rates(results: Sequence[dict], stream: Stream, window: int) -> list[float | None]:
@@ -133,6 +147,7 @@ def summarize(results: Sequence[dict], stream: Stream, *, window: int | None = N
             "n_episodes": len(results), "window": window, "success_rate": _mean(succ) or 0.0,
             "phases": phase_success(results, stream), "shifts": stream.shifts,
             "recovery_episodes": recovery_episodes(succ, stream, window),
+            "recovery_episodes_changed": recovery_episodes(succ, stream, window, only=changed_episodes(stream)),
             "stale_violation_rate": _mean(pooled) if pooled else 0.0, "stale_violation_rate_per_shift": stale_rates,
             "stale_violations_total": sum(r["n_stale"] for r in results),
             "pass_k": pass_k_table(pass_trials) if pass_trials else {},

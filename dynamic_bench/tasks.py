@@ -102,3 +102,21 @@ def random_rule_tasks(domain: str | Domain, n: int, seed: int, split: str = "tra
             out.append(make_task(d, rng, rule_version=rules, split=split, prior=[(shown_version, old)],
                                  shown=(shown_version, old)))
     return out
+
+
+def old_rules_fail(task: Task, older: list[Rules] | None = None) -> bool:
+    """Whether acting on older rules gets this task wrong: the right writes or outcome under the
+    rules in force differ from those under `older` (default: the shown policy and every rule set
+    this user had before). These are the episodes a shift really tests; on the others a policy
+    that never adapted still succeeds, so success over all episodes mixes adaptation with luck."""
+    task = complete_task(task)
+    d, p = get_domain(task.domain), task.params
+
+    def answer(rules: Rules) -> tuple[list[str], str]:
+        writes, outcome = d.solve(p, rules)
+        return [format_action(c) for c in writes], outcome
+
+    now = answer(p["rules"])
+    if older is None:
+        older = [p["shown_rules"]] + [r for _, r in p["prior_rules"]]
+    return any(r != p["rules"] and answer(r) != now for r in older)

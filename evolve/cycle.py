@@ -50,8 +50,9 @@ class CycleConfig:
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
                                         # step; at 1 of 4 a demo candidate lost 5.5 points on old rules)
     corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
-    train_heldout_tasks: int = 8        # per slice (current, old rules), scored during training for
-                                        # the diagnosis; drawn apart from the gate's tasks
+    train_heldout_tasks: int = 24       # per slice (current, old rules), scored during training for
+                                        # the diagnosis; drawn apart from the gate's tasks (at 8 the
+                                        # diagnosis said "flat" in a run whose gate found +6.5 points)
     # gate
     gate_tasks: int = 100               # tasks per slice: 48 missed a +7-point gain that 200 found
     gate_seeds: int = 1

@@ -21,11 +21,11 @@ from evolve.report import md_table, plot_arms, write_json
 
 TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, RL steps, learning rate, logged rows per step, exploration, gate tasks per
-    # slice, fresh tasks for memory distillation
+    # slice, fresh tasks for memory distillation, training held-out tasks per slice
     "tiny": dict(episodes=16, cycle_at=0.5, rl_steps=1, lr=2e-4, experience=16, explore=0.2, gate_tasks=4,
-                 max_turns=4, groups=2, distill=8),
+                 max_turns=4, groups=2, distill=8, heldout=4),
     "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, lr=5e-4, experience=64, explore=0.05, gate_tasks=200,
-                  max_turns=8, groups=4, distill=256),
+                  max_turns=8, groups=4, distill=256, heldout=24),
 }
 
 
@@ -103,7 +103,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                        rl_steps=size["rl_steps"], lr=size["lr"], experience_per_step=size["experience"],
                        explore_eps=size["explore"], gate_tasks=size["gate_tasks"],
                        groups_per_step=size["groups"], max_turns=size["max_turns"], distill_tasks=size["distill"],
-                       base_model=str(policy))
+                       train_heldout_tasks=size["heldout"], base_model=str(policy))
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
     gate_out = state.stages["gate"]["output"]
@@ -146,11 +146,18 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
               "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
               "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
     write_json(out / "report.json", report)
-    arm_rows = [[k, v["aulc"], v["success_rate"], str(v["recovery_episodes"])] for k, v in table.items()]
+    arm_rows = [[k, v["aulc"], v["success_rate"], v["success_changed"], str(v["recovery_episodes_changed"]),
+                 str(v["recovery_episodes"])] for k, v in table.items()]
+    n_changed = table["static policy"]["n_changed"]
     md = [f"# Evolve demo ({cfg.preset}, {n} episodes, seed {cfg.seed})", "",
           f"Silent shift to rule v2 at episode {shifts[0]}; `evolve cycle` at episode {c}: "
           f"**{gate_out.get('outcome')}** ({gate_out.get('candidate')}). Wall time {report['wall_s']:.0f} s.", "",
-          md_table(["arm", "AULC", "success", "recovery episodes after the shift"], arm_rows), "",
+          md_table(["arm", "AULC", "success", f"success on the {n_changed} changed tasks",
+                    "recovery after the shift (changed tasks)", "recovery (all episodes)"], arm_rows), "",
+          "Changed tasks: episodes that acting on the old rules gets wrong. Recovery counts episodes until "
+          f"a window of {window} is back to 90% of the pre-shift plateau (capped at the phase length: never); "
+          "over all episodes, a window that holds few changed tasks counts a policy that never adapted as "
+          "recovered.", "",
           "## After the cycle: success on the new rules (episodes after the cycle)", "",
           md_table(["policy", "success"], [[k, v] for k, v in new_rules.items()]), "",
           f"Forgetting on the old-rule slice (gate, v1 tasks): "
@@ -164,7 +171,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]
     (out / "report.md").write_text("\n".join(md))
-    report["summary_text"] = "\n".join(md[:12]) + f"\ncurve: {png}\nreport: {out / 'report.md'}"
+    report["summary_text"] = "\n".join(md[:14]) + f"\ncurve: {png}\nreport: {out / 'report.md'}"
     return report
 
 

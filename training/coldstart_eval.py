@@ -13,9 +13,8 @@ import random
 from typing import Sequence
 
 from dynamic_bench import generate_tasks, get_domain
-from dynamic_bench.actions import format_action
 from dynamic_bench.streams import rule_change_notes
-from dynamic_bench.tasks import make_task
+from dynamic_bench.tasks import make_task, old_rules_fail
 from training.rollout import RolloutConfig, rollout
 from training.sft_data import pack_notes
 
@@ -41,11 +40,9 @@ def memory_tasks(domain: str, n: int, seed: int, dense: bool = False, split: str
         version = d.random_rules(rng) if dense else later[i % len(later)]
         rules = d.rules_for(version)
         t = make_task(d, rng, rule_version=version, split=split, shown=(1, d.versions[1]))
-        old_w, old_o = d.solve(t.params, d.versions[1])
-        new_w, new_o = d.solve(t.params, rules)
         tasks.append(t)
         notes.append(pack_notes(rule_change_notes(domain, 1, rules)))  # all of it fits the prompt
-        affected.append([format_action(c) for c in old_w] != [format_action(c) for c in new_w] or old_o != new_o)
+        affected.append(old_rules_fail(t, older=[d.versions[1]]))  # vs the policy it is shown
     return tasks, notes, affected
 
 

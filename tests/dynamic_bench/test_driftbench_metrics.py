@@ -46,6 +46,35 @@ def test_recovery_episodes_counts_until_the_window_is_back():
     never = [1.0] * 20 + [0.0] * 20 + [1.0] * 20
     assert recovery_episodes(never, s, window=5) == [20, 0]  # capped at the phase length
 
+    only = [False] * 60
+    for i in (21, 23, 30, 33, 41):
+        only[i] = True
+    flagged = [1.0] * 60
+    flagged[21] = flagged[23] = 0.0  # windows of 2 flagged episodes: (21, 23) fails, (23, 30) is at 0.5
+    # counted from the first flagged episode (21) to the first window back (30); 41 is back at once
+    assert recovery_episodes(flagged, s, window=2, only=only) == [9, 0]
+    assert recovery_episodes([1.0] * 60, s, window=2, only=[False] * 60) == [None, None]  # nothing changed
+
+
+def test_recovery_on_changed_episodes_is_never_for_a_policy_that_did_not_adapt():
+    """The stale agent "recovers" over all episodes in windows of unchanged tasks; on the changed
+    ones it never does, and the oracle recovers at once on both."""
+    from dynamic_bench import StaleAgent
+    from dynamic_bench.metrics import changed_episodes
+
+    stream = make_stream("silent", "retail", 120, 0)
+    shift = stream.shifts[0]["index"]
+    changed = changed_episodes(stream)
+    assert not any(changed[:shift]) and 0 < sum(changed[shift:]) < len(stream) - shift
+    results = run_stream(StaleAgent(seed=0), stream)
+    assert all(not r["success"] for r, c in zip(results, changed) if c)
+    assert all(r["success"] for r, c in zip(results, changed) if not c)
+    s = summarize(results, stream)
+    assert s["recovery_episodes_changed"] == [len(stream) - shift]
+    assert s["recovery_episodes"][0] < len(stream) - shift  # the all-episode metric is fooled
+    oracle = summarize(run_stream(OracleAgent(seed=0), stream), stream)
+    assert oracle["recovery_episodes_changed"] == oracle["recovery_episodes"] == [0]
+
 
 def test_stale_violation_rate_uses_the_window_after_each_shift():
     s = _stream(60)
@@ -73,12 +102,13 @@ def test_summary_has_every_result_key_and_the_bench_version():
     results = run_stream(OracleAgent(seed=0), stream)
     trials = repeat_tasks(lambda s: OracleAgent(seed=s), [ep.task for ep in stream.episodes[-5:]], n_trials=4)
     s = summarize(results, stream, pass_trials=trials)
-    for key in ("bench_version", "success_rate", "phases", "recovery_episodes", "stale_violation_rate", "pass_k",
-                "aulc", "forgetting", "backward_transfer"):
+    for key in ("bench_version", "success_rate", "phases", "recovery_episodes", "recovery_episodes_changed",
+                "stale_violation_rate", "pass_k", "aulc", "forgetting", "backward_transfer"):
         assert key in s
     assert s["bench_version"] == BENCH_VERSION and s["success_rate"] == 1.0 and s["aulc"] == 1.0
     assert s["pass_k"] == {"1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
     assert s["recovery_episodes"] == [0, 0, 0] and len(s["phases"]) == 4
+    assert all(r in (0, None) for r in s["recovery_episodes_changed"])
 
 
 def test_evaluate_versions_feeds_a_forgetting_matrix():

@@ -28,7 +28,7 @@ def test_demo_tiny_end_to_end(tmp_path):
     # the arms share the stream up to the cycle, then diverge only after it
     assert rep["curves"]["memory only"][:rep["cycle_at"]] == rep["curves"]["memory + evolve"][:rep["cycle_at"]]
     assert rep["gate"]["outcome"] in ("promoted", "rejected", "nothing-to-learn")
-    for k in ("aulc", "recovery_episodes", "success_rate"):
+    for k in ("aulc", "recovery_episodes", "recovery_episodes_changed", "success_changed", "success_rate"):
         assert all(k in a for a in rep["arms"].values())
     assert (out / "curve.png").stat().st_size > 0 and (out / "report.md").read_text().startswith("# Evolve demo")
     assert Path(rep["cycle_report"]).exists()

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
     base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
-                groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, seed=0)
+                groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, train_heldout_tasks=4,
+                seed=0)
     return CycleConfig(**{**base, **kw})
 
 
