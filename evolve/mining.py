@@ -1,7 +1,7 @@
 """Mining: trajectories and feedback since the last cycle → memory items and experience data.
 
 Memory items (each with provenance: trajectory, step, evidence, this cycle):
-- rules, from what users said when rejecting (`respond` feedback, one item per statement) and
+- rules, from what users said when rejecting (`respond` feedback, packed as the policy reads them) and
   from the corrections they made (edits and take-overs: "X was replaced by Y");
 - tool knowledge, from error observations (ids masked, so one item per kind of error);
 - user preferences, from how each user answers proposals (with enough evidence);

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from dynamic_bench.actions import Reply, ToolCall, parse_action
 from dynamic_bench.schema import CORRECTION_KINDS, Feedback
 from memory.text import _ID  # DriftBench-style ids (O-1042, U-7), as entity extraction reads them
+from runtime.scaffolds import pack_notes
 
 _NUM = re.compile(r"\d+")
 
@@ -51,18 +52,21 @@ def rule_statements(text: str) -> list[str]:
 
 
 def feedback_notes(feedback: Iterable[Feedback], instruction: str) -> list[dict[str, Any]]:
-    """Note specs (kind, text, step, evidence, source, payload) from one episode's feedback: a rule
-    per statement a user gave when rejecting (source "user": their words), and "use B instead of A"
+    """Note specs (kind, text, step, evidence, source, payload) from one episode's feedback: the
+    statements a user gave when rejecting (source "user": their words), packed as the cold start's
+    memory examples are (`pack_notes`: one per item up to four, then two or more per item), so
+    that one recall of k=3 items carries a whole reason; and "use B instead of A"
     per correction that changed the tool (source "agent": our generalisation of one correction,
     which can be wrong, e.g. when the amount decided it, so outcomes may invalidate it). Plain
     approvals and bare rejections say nothing a note could carry."""
     out = []
     for f in feedback:
         if f.kind == "respond" and f.payload.get("text"):
-            for st in rule_statements(str(f.payload["text"])):
-                out.append(dict(kind="task_experience", text=f"Rule: {st}.", step=f.step, source="user",
+            said = rule_statements(str(f.payload["text"]))
+            for text in pack_notes([f"Rule: {st}." for st in said]):
+                out.append(dict(kind="task_experience", text=text, step=f.step, source="user",
                                 evidence=f"user said {f.payload['text']!r} rejecting {f.payload.get('proposed')}",
-                                payload={"type": "rule", "statement": st}))
+                                payload={"type": "rule", "statements": said}))
         elif f.kind in CORRECTION_KINDS and f.payload.get("action"):
             a, b = tool_name(str(f.payload.get("proposed", ""))), tool_name(str(f.payload["action"]))
             if a and b and a != b:

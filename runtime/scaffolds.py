@@ -15,6 +15,7 @@ does not fit the model's context. Pure Python: depends only on dynamic_bench.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -52,6 +53,15 @@ def tool_signature(tool: ToolSpec | dict[str, Any]) -> str:
     enums = tool.get("enums", {})
     parts = [f"{a}:{'|'.join(enums[a]) if a in enums else t}" for a, t in tool["args"].items()]
     return f"{tool['name']}({', '.join(parts)})"
+
+
+def pack_notes(notes: list[str], prefix: str = "") -> list[str]:
+    """`notes` joined with "; " into at most `MAX_MEMORY_ITEMS` items (what a prompt shows), each
+    `prefix` + statements; if an item would be clipped, the notes one per item (the first ones).
+    The cold start's memory examples and the items a user's reason becomes are packed alike."""
+    k = max(1, math.ceil(len(notes) / MAX_MEMORY_ITEMS))
+    items = [prefix + "; ".join(notes[i:i + k]) for i in range(0, len(notes), k)]
+    return items if all(len(x) <= MAX_ITEM_CHARS for x in items) else [prefix + n for n in notes][:MAX_MEMORY_ITEMS]
 
 
 def _clip(text: str, n: int) -> str:

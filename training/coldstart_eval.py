@@ -15,8 +15,8 @@ from typing import Sequence
 from dynamic_bench import generate_tasks, get_domain
 from dynamic_bench.streams import rule_change_notes
 from dynamic_bench.tasks import make_task, old_rules_fail
+from runtime.scaffolds import pack_notes
 from training.rollout import RolloutConfig, rollout
-from training.sft_data import pack_notes
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

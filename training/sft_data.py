@@ -19,7 +19,6 @@ its error observation, then the right action; the failed completion is not a tar
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -27,7 +26,7 @@ from dynamic_bench import OracleAgent, get_domain, make
 from dynamic_bench.domains import DOMAINS
 from dynamic_bench.streams import rule_change_notes
 from dynamic_bench.tasks import make_task
-from runtime.scaffolds import MAX_ITEM_CHARS, MAX_MEMORY_ITEMS, get
+from runtime.scaffolds import get, pack_notes
 
 DECISION = 2  # loss-mask value of a decision completion; other completions are 1, context 0
 KIND_WEIGHTS = {"plain": 0.40, "distractor": 0.10, "memory": 0.38, "announced": 0.12}
@@ -61,14 +60,6 @@ def memory_notes(domain: str, rules: dict, rng: random.Random) -> list[str]:
     if style < 0.25:
         notes = [f"Rule: {n}." for n in notes]
     return pack_notes(notes, prefix="The user said: no. " if 0.25 <= style < 0.5 else "")
-
-
-def pack_notes(notes: list[str], prefix: str = "") -> list[str]:
-    """`notes` joined with "; " into at most `MAX_MEMORY_ITEMS` items (what a prompt shows), each
-    `prefix` + statements; if an item would be clipped, the notes one per item (the first ones)."""
-    k = max(1, math.ceil(len(notes) / MAX_MEMORY_ITEMS))
-    items = [prefix + "; ".join(notes[i:i + k]) for i in range(0, len(notes), k)]
-    return items if all(len(x) <= MAX_ITEM_CHARS for x in items) else [prefix + n for n in notes][:MAX_MEMORY_ITEMS]
 
 
 def distractor_notes(domain: str) -> list[str]:

@@ -45,6 +45,26 @@ def test_rule_statements_split_a_users_reason():
     assert rule_statements(SAID) == ["refund window is now 14 days", "refunds over 150 must now be escalated"]
 
 
+def test_a_long_reason_becomes_items_one_recall_carries_whole():
+    """Up to four statements, one item each; five (a whole retail v1 -> v2 change) pack two to an
+    item, in order and unclipped, so the three items a recall shows hold all of them."""
+    from dynamic_bench.streams import rule_change_notes
+    from memory.feedback_notes import feedback_notes
+    from runtime.graph import AgentConfig
+    from runtime.scaffolds import MAX_ITEM_CHARS
+
+    def items(text):
+        fb = [Feedback(trajectory_id="t", step=1, kind="respond", payload={"proposed": "refund {}", "text": text})]
+        return [n["text"] for n in feedback_notes(fb, "I want a refund for order O-1.")]
+
+    assert items(SAID) == ["Rule: refund window is now 14 days.", "Rule: refunds over 150 must now be escalated."]
+    change = rule_change_notes("retail", 1, 2)
+    assert len(change) == 5
+    packed = items("no. " + "; ".join(change))
+    assert len(packed) <= AgentConfig().recall_k and all(len(x) <= MAX_ITEM_CHARS for x in packed)
+    assert "; ".join(packed) == "; ".join(f"Rule: {c}." for c in change)
+
+
 def test_items_have_provenance_and_support_and_are_deduplicated():
     specs = mine_items(log(), "cycle-x")
     texts = Counter(s["text"] for s in specs)
