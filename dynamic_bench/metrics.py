@@ -64,7 +64,8 @@ def phase_success(results: Sequence[dict], stream: Stream) -> list[dict[str, Any
 def recovery_episodes(successes: Sequence[float], stream: Stream, window: int,
                       only: Sequence[bool] | None = None) -> list[int | None]:
     """Per shift: episodes after it until a window's success is >= 90% of the pre-shift plateau
-    (capped at the phase length: never). With `only` (a flag per episode), a window is the next
+    (capped at the phase length: never). Windows are full: a few lucky episodes at the end of a
+    phase are not a recovery. With `only` (a flag per episode), a window is the next
     `window` flagged episodes of the phase, and the count runs from the phase's first flagged
     episode (the shift's first visible effect) to the window's first; None for a phase without
     flagged episodes. `only=changed_episodes(stream)` measures recovery on what the
@@ -77,7 +78,7 @@ def recovery_episodes(successes: Sequence[float], stream: Stream, window: int,
         target = 0.9 * (sum(before) / len(before) if before else 0.0)
         idx = [i for i in range(ph["start"], ph["end"]) if only is None or only[i]]
         rec: int | None = (ph["end"] - ph["start"]) if idx else None
-        for j in range(len(idx)):
+        for j in range(max(1, len(idx) - window + 1) if idx else 0):  # full windows (all, if fewer)
             w = [successes[i] for i in idx[j:j + window]]
             if sum(w) / len(w) >= target - 1e-12:
                 rec = idx[j] - (ph["start"] if only is None else idx[0])

@@ -45,6 +45,8 @@ def test_recovery_episodes_counts_until_the_window_is_back():
     assert recovery_episodes(succ, s, window=5) == [5, 0]
     never = [1.0] * 20 + [0.0] * 20 + [1.0] * 20
     assert recovery_episodes(never, s, window=5) == [20, 0]  # capped at the phase length
+    lucky_end = [1.0] * 20 + [0.0] * 17 + [1.0] * 3 + [1.0] * 20
+    assert recovery_episodes(lucky_end, s, window=5) == [20, 0]  # three good episodes are not a full window
 
     only = [False] * 60
     for i in (21, 23, 30, 33, 41):
