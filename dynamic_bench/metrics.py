@@ -77,8 +77,11 @@ def recovery_episodes(successes: Sequence[float], stream: Stream, window: int,
         before = successes[max(prev["start"], ph["start"] - window):ph["start"]]
         target = 0.9 * (sum(before) / len(before) if before else 0.0)
         idx = [i for i in range(ph["start"], ph["end"]) if only is None or only[i]]
-        rec: int | None = (ph["end"] - ph["start"]) if idx else None
-        for j in range(max(1, len(idx) - window + 1) if idx else 0):  # full windows (all, if fewer)
+        if not idx:
+            out.append(None)
+            continue
+        rec = ph["end"] - ph["start"]
+        for j in range(max(1, len(idx) - window + 1)):  # full windows (all of them, if fewer)
             w = [successes[i] for i in idx[j:j + window]]
             if sum(w) / len(w) >= target - 1e-12:
                 rec = idx[j] - (ph["start"] if only is None else idx[0])
