@@ -26,6 +26,7 @@ def test_bench_async_rl_quick(tmp_path, tiny_rl_policy):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert all(not isinstance(v, (dict, list)) for v in res.values())
+    assert res["rules"] == "shift" and 0.0 <= res["heldout_success_before"] <= 1.0
     for eta in (0, 2):
         assert res[f"learner_wall_s_eta{eta}"] > 0
         assert 0.0 <= res[f"heldout_success_eta{eta}"] <= 1.0
