@@ -26,25 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from statistics import mean
 
+from rl_bench_tasks import policy_dir, silent_tasks
 from tqdm import tqdm
 
 TARGET_SPEEDUP = 2.5
 TARGET_GAP_PTS = 2.0
-
-
-def policy_dir(model: str | None, cache: Path, seed: int) -> str:
-    """The policy to train: `--model`, else a cached cold start of the tiny preset (built once)."""
-    if model:
-        return model
-    from training.coldstart import ensure_coldstart
-
-    return str(ensure_coldstart(cache / "coldstart-tiny", "tiny", seed, progress=False))
 
 
 def task_sets(args: argparse.Namespace, base) -> tuple:
@@ -57,9 +48,6 @@ def task_sets(args: argparse.Namespace, base) -> tuple:
 
         return default_pool(base), generate_tasks(ENV_IDS[base.env_id], args.heldout, seed=args.seed + 2,
                                                   split="test", rule_version=base.rule_version)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_rl_shift import silent_tasks  # the same silent shift as the RL-shift benchmark
-
     train = silent_tasks(args.tasks, args.seed, "train", new=True)
     return TaskPool(tasks={t.id: t for t in train}), silent_tasks(args.heldout, args.seed, "test", new=True)
 
@@ -79,10 +67,12 @@ def run(args: argparse.Namespace) -> dict:
                     max_new_tokens=args.max_new_tokens, explore_eps=args.explore_eps, lr=args.lr,
                     tool_latency_mu=args.mu, tool_latency_sigma=args.sigma, seed=args.seed,
                     max_groups_per_step=2 * args.workers, checkpoint_every=10**6, progress=False, resume=False,
-                    track_kl=False, experience_per_step=args.experience,
+                    track_kl=False, kl_coef=args.kl_coef, ppo_epochs=args.ppo_epochs,
+                    experience_per_step=args.experience,
                     sft_coef=args.sft_coef if args.sft_coef is not None else float(args.rules == "shift"))
     pool, heldout = task_sets(args, base)
     result: dict = {"model": model, "steps": args.steps, "workers": args.workers, "group_size": args.group_size,
+                    "kl_coef": args.kl_coef, "ppo_epochs": args.ppo_epochs,
                     "tool_latency_mu": args.mu, "tool_latency_sigma": args.sigma, "etas": args.etas,
                     "rules": args.rules, "cpu_count": os.cpu_count(), "quick": bool(args.quick)}
     curves = {}
@@ -168,6 +158,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--explore-eps", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--kl-coef", type=float, default=0.0, help="KL to the cold-start policy (0: not scored)")
+    ap.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (proximal policy frozen)")
     ap.add_argument("--mu", type=float, default=-1.5, help="log-mean of tool latency (s): median 0.22 s, mean 0.69 s")
     ap.add_argument("--sigma", type=float, default=1.5, help="log-sd of tool latency")
     ap.add_argument("--seed", type=int, default=0)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import sys
 import tempfile
 from pathlib import Path
 
+from rl_bench_tasks import policy_dir, silent_tasks
 from tqdm import tqdm
 
 TARGET_SUCCESS = 0.9
@@ -28,33 +27,10 @@ TARGET_FORGET_PTS = 3.0
 TARGET_MINUTES = 30.0
 
 
-def silent_tasks(n: int, seed: int, split: str, new: bool) -> list:
-    """Retail tasks under v2 shown as v1 (silent shift), or v1 tasks of scoped-out users whose
-    right actions v2 leaves alone. Why only those: a scoped-out user sees the same policy text as
-    everyone else, so on a task where v1 and v2 disagree one prompt cannot be right for both, and
-    its loss measures the shift, not forgetting (the evolve gate's old-rule slice does the same)."""
-    from dynamic_bench.domains import get_domain
-    from dynamic_bench.tasks import make_task
-
-    d = get_domain("retail")
-    rng = random.Random(f"bench_rl_shift/{seed}/{split}/{new}")
-    if new:
-        return [make_task(d, rng, rule_version=2, split=split, shown=(1, d.versions[1])) for _ in range(n)]
-    out: list = []
-    while len(out) < n:
-        t = make_task(d, rng, rule_version=1, split=split)
-        if d.same_answer(t.params, d.versions[1], d.versions[2]):
-            out.append(t)
-    return out
-
-
 def run(args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(2)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_async_rl import policy_dir  # the same default policy as the async benchmark
-
     from dynamic_bench.tasks import old_rules_fail  # what the shift changes: acting on v1 is wrong
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
 
