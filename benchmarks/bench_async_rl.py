@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> dict:
         result[f"learner_wall_s_eta{eta}"] = rows[-1]["wall_s"]
         result[f"final_train_reward_eta{eta}"] = mean(r["reward_mean"] for r in tail)
         result[f"heldout_success_eta{eta}"] = evaluate(engine, factory, heldout, seed=args.seed)
+        tqdm.write(f"eta={eta}: learner wall {rows[-1]['wall_s']:.0f} s, train reward "
+                   f"{result[f'final_train_reward_eta{eta}']:.3f}, held-out {result[f'heldout_success_eta{eta}']:.3f} "
+                   f"(before {result['heldout_success_before']:.3f})")
         result[f"stale_rejected_eta{eta}"] = sum(r["stale_rejected"] for r in rows)
         result[f"staleness_mean_eta{eta}"] = mean(r["staleness_mean"] for r in rows)
         result[f"wait_s_eta{eta}"] = sum(r["wait_s"] for r in rows)
