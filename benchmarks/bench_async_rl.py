@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tempfile
 import time
@@ -36,6 +37,13 @@ from tqdm import tqdm
 
 TARGET_SPEEDUP = 2.5
 TARGET_GAP_PTS = 2.0
+
+
+def gap_se_pts(p: float, q: float, n: int) -> float:
+    """One standard error, in points, of the difference of two success rates on `n` held-out tasks,
+    as independent binomials (the runs share the tasks, so this overstates it a little). With 48
+    tasks it is 10 points at 0.6: a 2-point gap on one seed is within noise, so the bench reports it."""
+    return 100 * math.sqrt((p * (1 - p) + q * (1 - q)) / n) if n else float("nan")
 
 
 def task_sets(args: argparse.Namespace, base) -> tuple:
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"model": model, "steps": args.steps, "workers": args.workers, "group_size": args.group_size,
                     "kl_coef": args.kl_coef, "ppo_epochs": args.ppo_epochs,
                     "tool_latency_mu": args.mu, "tool_latency_sigma": args.sigma, "etas": args.etas,
-                    "rules": args.rules, "cpu_count": os.cpu_count(), "quick": bool(args.quick)}
+                    "rules": args.rules, "heldout_tasks": len(heldout), "cpu_count": os.cpu_count(),
+                    "quick": bool(args.quick)}
     curves = {}
     factory = EpisodeRunnerFactory.from_config(base)
     engine = factory.make_engine(seed=args.seed)
@@ -108,6 +117,8 @@ def run(args: argparse.Namespace) -> dict:
             gap = 100 * abs(result[f"heldout_success_eta{eta}"] - result["heldout_success_eta0"])
             result[f"speedup_eta{eta}"] = sp
             result[f"heldout_gap_pts_eta{eta}"] = gap
+            result[f"heldout_gap_se_pts_eta{eta}"] = gap_se_pts(result[f"heldout_success_eta{eta}"],
+                                                                result["heldout_success_eta0"], len(heldout))
             result[f"train_reward_gap_pts_eta{eta}"] = 100 * abs(result[f"final_train_reward_eta{eta}"]
                                                                  - result["final_train_reward_eta0"])
             if gap <= TARGET_GAP_PTS:

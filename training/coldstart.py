@@ -82,6 +82,24 @@ def config_for(preset: str, seed: int = 0, **overrides) -> ColdStartConfig:
     return replace(base, seed=seed, **overrides)
 
 
+def machine_info(device: str = "cpu") -> dict:
+    """Where the weights were computed. Same config and seed give the same weights on one machine;
+    CPU builds of one config (same code, torch and seed) on this project's session machines fell into
+    two sets of quality checks. The likely difference is the CPU (MKL and oneDNN pick kernels by it),
+    so each build records it: two builds to compare must say the same here."""
+    import platform
+
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if ln.startswith("model name")]
+    return {"device": device, "cpu": names[0] if names else platform.processor() or platform.machine(),
+            "machine": platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
 def _atomic_json(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2))
@@ -277,12 +295,13 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
     model.cpu().eval()
     policy = save_policy(model, tok, out / "policy", meta={"preset": cfg.preset, "seed": cfg.seed, "steps": step,
                                                             "selected_step": selected, "coldstart": cfg_dict,
-                                                            "quality_checks": checks})
+                                                            "quality_checks": checks,
+                                                            "machine": machine_info(device)})
     with open(out / "train_log.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in log)
     _plot(log, out / "loss.png")
     _atomic_json(out / DONE, {"config": cfg_dict, "steps": step, "selected_step": selected, "n_examples": len(data),
-                              "quality_checks": checks,
+                              "quality_checks": checks, "machine": machine_info(device),
                               "final_loss": log[-1]["loss"] if log else None,
                               "train_seconds_this_run": round(time.time() - t0, 1)})
     return policy

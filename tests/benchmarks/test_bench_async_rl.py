@@ -31,6 +31,8 @@ def test_bench_async_rl_quick(tmp_path, tiny_rl_policy):
         assert res[f"learner_wall_s_eta{eta}"] > 0
         assert 0.0 <= res[f"heldout_success_eta{eta}"] <= 1.0
     assert res["speedup_eta2"] == res["learner_wall_s_eta0"] / res["learner_wall_s_eta2"]
+    p, q, n = res["heldout_success_eta2"], res["heldout_success_eta0"], res["heldout_tasks"]
+    assert n > 0 and res["heldout_gap_se_pts_eta2"] == pytest.approx(100 * ((p * (1 - p) + q * (1 - q)) / n) ** 0.5)
     assert res["stale_rejected_eta0"] == 0 and res["staleness_mean_eta0"] == 0.0
     assert res["meets_target"] == (res["best_speedup_at_equal_reward"] >= 2.5)
     assert Path(res["plot"]).exists()

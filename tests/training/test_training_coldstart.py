@@ -157,6 +157,11 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     b = torch.load(tmp_path / "ref" / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert ref.name == "policy" and (ref / "tokenizer.json").exists() and (tmp_path / "ref" / "loss.png").exists()
+    machine = json.loads((tmp_path / "ref" / DONE).read_text())["machine"]  # what a rebuild elsewhere compares
+    assert machine["torch"] == torch.__version__
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["threads"] == cfg.num_threads and machine["cpu"]
+    assert json.loads((ref / "evolve_policy.json").read_text())["machine"] == machine
 
 
 def test_ensure_coldstart_reuses_and_survives_a_corrupt_checkpoint(tmp_path):
