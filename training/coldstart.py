@@ -293,15 +293,16 @@ def train_coldstart(out_dir: str | Path, cfg: ColdStartConfig, progress: bool = 
             selected = top["step"]
             print(f"target not met; the policy is the weights of the best check (step {selected}: {top})")
     model.cpu().eval()
+    machine = machine_info(device)
     policy = save_policy(model, tok, out / "policy", meta={"preset": cfg.preset, "seed": cfg.seed, "steps": step,
                                                             "selected_step": selected, "coldstart": cfg_dict,
                                                             "quality_checks": checks,
-                                                            "machine": machine_info(device)})
+                                                            "machine": machine})
     with open(out / "train_log.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in log)
     _plot(log, out / "loss.png")
     _atomic_json(out / DONE, {"config": cfg_dict, "steps": step, "selected_step": selected, "n_examples": len(data),
-                              "quality_checks": checks, "machine": machine_info(device),
+                              "quality_checks": checks, "machine": machine,
                               "final_loss": log[-1]["loss"] if log else None,
                               "train_seconds_this_run": round(time.time() - t0, 1)})
     return policy
