@@ -74,11 +74,7 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0) -> tuple[list[dict], list[dict]]:
     """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
-    memory failed: its steps from the first action that differs from the memory-free run's on,
-    each prompt's memory section emptied; and each task's outcomes. Why from there: the steps
-    before it are what the policy already does without memory (greedy, same task), so as rows they
-    only dilute the decision memory changed (a demo cycle's 182 distilled rows started at SFT loss
-    0.03 and its candidate did not learn the shift).
+    memory failed: every step, its prompt's memory section emptied; and each task's outcomes.
 
     With `anchor_ratio`, also that many anchor tasks per distilled task, first come first: tasks the
     policy already solves without memory, their own steps as rows (`"anchor": True`). Why: a demo
@@ -95,21 +91,12 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
         if not ok["with_memory"] or ok["without_memory"]:
             continue
         rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
-                 for s in w.steps[first_divergence(w, b):] if s.completion_token_ids]
+                 for s in w.steps if s.completion_token_ids]
     n_distilled = sum(o["with_memory"] and not o["without_memory"] for o in outcomes)
     for b in anchors[:round(anchor_ratio * n_distilled)]:
         rows += [{**_row(b.task_id, list(s.prompt_token_ids), s), "anchor": True}
                  for s in b.steps if s.completion_token_ids]
     return rows, outcomes
-
-
-def first_divergence(with_memory, bare) -> int:
-    """Index of the first step whose action differs between the two runs of one task (the length
-    of the shorter run if one is a prefix of the other)."""
-    for i, (a, b) in enumerate(zip(with_memory.steps, bare.steps)):
-        if a.action_text != b.action_text:
-            return i
-    return min(len(with_memory.steps), len(bare.steps))
 
 
 def _row(task_id: str, prompt_ids: list[int], step) -> dict:

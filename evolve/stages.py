@@ -167,10 +167,10 @@ def experience(ctx: CycleContext) -> dict:
             "corrupted": bool(cfg.corrupt_rewards)}
 
 
-def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) -> tuple[list, list, list]:
+def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) -> tuple[list, list]:
     """The experience stage's files as training input: SFT rows (approved successes, with their
-    sampled ids; corrections, the user's action as the target; memory-distillation anchors), the
-    distilled decisions (`TaskPool.sft_focus`) and DPO preference pairs. With
+    sampled ids; corrections, the user's action as the target; memory-distilled steps) and DPO
+    preference pairs. With
     `distill_memory`, every row whose prompt showed retrieved memory is also given once with the
     memory section emptied (same target): what memory taught becomes weights (`without_memory`)."""
     from runtime.scaffolds import without_memory
@@ -183,10 +183,9 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
            for r in _read_jsonl(exp_dir / "sft.jsonl")]
     sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
             for r in _read_jsonl(exp_dir / "corrections.jsonl")]
-    focus = []
     if (exp_dir / "distilled.jsonl").exists():  # already without memory (evolve.distill)
-        for r in _read_jsonl(exp_dir / "distilled.jsonl"):
-            (sft if r.get("anchor") else focus).append(Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True))
+        sft += [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
+                for r in _read_jsonl(exp_dir / "distilled.jsonl")]
     pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
                       r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
     if distill_memory:
@@ -194,7 +193,7 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
         sft += [Row(p, r.completion_ids, [], sft=True) for p, r in bare if p is not None]
         bare_pairs = [(without_memory(tok, q.prompt_ids), q) for q in pairs]
         pairs += [PrefPair(p, q.chosen_ids, q.rejected_ids) for p, q in bare_pairs if p is not None]
-    return sft, focus, pairs
+    return sft, pairs
 
 
 def train(ctx: CycleContext) -> dict:
@@ -215,8 +214,7 @@ def train(ctx: CycleContext) -> dict:
             pool.replay.add(t.id)
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
-        pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(ctx.dir / "experience", base,
-                                                                           cfg.distill_memory)
+        pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base, cfg.distill_memory)
     if cfg.train_heldout_tasks:  # scored during training, so the diagnosis can tell learning from memorising
         contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
         heldout = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")
@@ -248,8 +246,7 @@ def train(ctx: CycleContext) -> dict:
     diagnosis = ctx.dir / "train" / "diagnosis.txt"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
             "final_reward_mean": m[-1].get("reward_mean") if m else None, **heldout,
-            "logged_sft_rows": len(pool.sft_rows), "distilled_focus_rows": len(pool.sft_focus),
-            "logged_pref_pairs": len(pool.pref_pairs),
+            "logged_sft_rows": len(pool.sft_rows), "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
             "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 

@@ -81,16 +81,11 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
     verdict = [("success", "failure"), ("success", "success"), ("failure", "failure"), ("failure", "success")]
     with_mem = [t.model_copy(update={"outcome": v[0]}) for t, v in zip(with_mem, verdict)]
     bare = [t.model_copy(update={"outcome": v[1]}) for t, v in zip(bare, verdict)]
-    assert len(with_mem[0].steps) == 2 and with_mem[0].steps[0].completion_token_ids
-    # the memory-free run took the same first action and another second one: only the second is a row
-    same_first = bare[0].steps[0].model_copy(update={"action_text": with_mem[0].steps[0].action_text})
-    other_second = bare[0].steps[1].model_copy(update={"action_text": with_mem[0].steps[1].action_text + " x"})
-    bare[0] = bare[0].model_copy(update={"steps": [same_first, other_second]})
     rows, outcomes = distilled_rows(with_mem, bare, tok)
     assert [(o["with_memory"], o["without_memory"]) for o in outcomes] == [(1, 0), (1, 1), (0, 0), (0, 1)]
-    solved = with_mem[0].steps[1:]
-    assert [r["task_id"] for r in rows] == [tasks[0].id] * len(solved)
-    for r, s in zip(rows, solved, strict=True):
+    solved = with_mem[0]
+    assert [r["task_id"] for r in rows] == [tasks[0].id] * len(solved.steps)
+    for r, s in zip(rows, solved.steps):
         assert without_memory(tok, s.prompt_token_ids) is not None  # the note was in the prompt ...
         assert r["prompt_token_ids"] == without_memory(tok, s.prompt_token_ids)  # ... and is emptied
         assert r["completion_token_ids"] == s.completion_token_ids
@@ -104,18 +99,3 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
         assert all(r["anchor"] for r in extra)
         want = [(s.prompt_token_ids, s.completion_token_ids) for i in anchor_tasks for s in bare[i].steps]
         assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
-
-
-def test_rows_start_at_the_first_action_memory_changed():
-    """`first_divergence` on hand-made runs: the first differing action, else the shorter length."""
-    from dynamic_bench.schema import Trajectory
-    from evolve.distill import first_divergence
-
-    def run(*actions):
-        steps = [{"index": i, "action_text": a} for i, a in enumerate(actions)]
-        return Trajectory.model_validate({"task_id": "t", "steps": steps})
-
-    assert first_divergence(run("a", "b", "c"), run("a", "x", "c")) == 1
-    assert first_divergence(run("x", "b"), run("a", "b")) == 0
-    assert first_divergence(run("a", "b", "c"), run("a", "b")) == 2
-    assert first_divergence(run("a"), run("a")) == 1
