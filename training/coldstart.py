@@ -85,8 +85,9 @@ def config_for(preset: str, seed: int = 0, **overrides) -> ColdStartConfig:
 def machine_info(device: str = "cpu") -> dict:
     """Where the weights were computed. Same config and seed give the same weights on one machine;
     CPU builds of one config (same code, torch and seed) on this project's session machines fell into
-    two sets of quality checks. The likely difference is the CPU (MKL and oneDNN pick kernels by it),
-    so each build records it: two builds to compare must say the same here."""
+    two sets of quality checks: AVX2 machines one, AVX-512 machines the other. torch's own kernels
+    round differently per `cpu_capability` (MKL/oneDNN instruction switches changed nothing,
+    `ATEN_CPU_CAPABILITY` did), so each build records it: two builds to compare must say the same here."""
     import platform
 
     import torch
