@@ -87,7 +87,8 @@ def machine_info(device: str = "cpu") -> dict:
     CPU builds of one config (same code, torch and seed) on this project's session machines fell into
     two sets of quality checks: AVX2 machines one, AVX-512 machines the other. torch's own kernels
     round differently per `cpu_capability` (MKL/oneDNN instruction switches changed nothing,
-    `ATEN_CPU_CAPABILITY` did), so each build records it: two builds to compare must say the same here."""
+    `ATEN_CPU_CAPABILITY` did: with it set to avx2 an AVX-512 machine gave the AVX2 machines' build),
+    so each build records it: two builds to compare must say the same here."""
     import platform
 
     import torch
