@@ -23,6 +23,8 @@ def cycle(
     tolerance: float = typer.Option(0.03, help="Largest allowed success drop on any other slice."),
     distill_tasks: int = typer.Option(64, help="Fresh tasks played with and without memory; those only memory "
                                                "solves are trained on without it (0: off)."),
+    distill_focus: bool = typer.Option(False, "--distill-focus", help="Train on the decisions memory changed "
+                                       "and anchors' decisions, half of each step's draw (see CycleConfig)."),
     seed: int = typer.Option(0),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what the cycle would do; write nothing."),
 ) -> None:
@@ -31,7 +33,8 @@ def cycle(
     from evolve.lock import CycleLocked
 
     cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
-                      gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks, seed=seed,
+                      gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks,
+                      distill_focus=distill_focus, seed=seed,
                       dry_run=dry_run)
     if dry_run:
         typer.echo(json.dumps(plan(cfg), indent=2, default=str))

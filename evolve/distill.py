@@ -62,7 +62,8 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
         tok = engine.tokenizer
     finally:
         engine.close()
-    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio)
+    reads = [read_tools(cfg.domain, t) for t in tasks] if cfg.distill_focus else None
+    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads)
     for o in stats["outcomes"]:
         stats["with_memory"] += o["with_memory"]
         stats["without_memory"] += o["without_memory"]
@@ -72,31 +73,60 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     return rows, stats
 
 
-def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0) -> tuple[list[dict], list[dict]]:
+def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,
+                   reads: list[set[str]] | None = None) -> tuple[list[dict], list[dict]]:
     """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
     memory failed: every step, its prompt's memory section emptied; and each task's outcomes.
 
     With `anchor_ratio`, also that many anchor tasks per distilled task, first come first: tasks the
     policy already solves without memory, their own steps as rows (`"anchor": True`). Why: a demo
     candidate trained on distilled rows alone learned the new refund window (+10 points) and
-    stopped escalating large refunds it had escalated right (-6.5 points on old-rule tasks)."""
+    stopped escalating large refunds it had escalated right (-6.5 points on old-rule tasks).
+
+    With `reads` (each task's read tools: `read_tools`), the rows are focused on decisions
+    (`CycleConfig.distill_focus`): a distilled task's steps from the first action that differs
+    from the memory-free run's on (`first_divergence`: the steps before it are what the policy
+    already does), an anchor's from its first action that is not a read on (`first_decision`)."""
     from runtime.scaffolds import without_memory
 
     rows, anchors, outcomes = [], [], []
-    for w, b in zip(with_memory, bare, strict=True):
+    for i, (w, b) in enumerate(zip(with_memory, bare, strict=True)):
         ok = {"with_memory": int(w.outcome == "success"), "without_memory": int(b.outcome == "success")}
         outcomes.append({"task_id": w.task_id, **ok})
         if ok["without_memory"]:
-            anchors.append(b)
+            anchors.append((b.task_id, b.steps[first_decision(b, reads[i]):] if reads else b.steps))
         if not ok["with_memory"] or ok["without_memory"]:
             continue
         rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
-                 for s in w.steps if s.completion_token_ids]
+                 for s in w.steps[first_divergence(w, b) if reads else 0:] if s.completion_token_ids]
     n_distilled = sum(o["with_memory"] and not o["without_memory"] for o in outcomes)
-    for b in anchors[:round(anchor_ratio * n_distilled)]:
-        rows += [{**_row(b.task_id, list(s.prompt_token_ids), s), "anchor": True}
-                 for s in b.steps if s.completion_token_ids]
+    for task_id, steps in anchors[:round(anchor_ratio * n_distilled)]:
+        rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True} for s in steps if s.completion_token_ids]
     return rows, outcomes
+
+
+def read_tools(domain: str, task) -> set[str]:
+    """Names of the tools that only read, under the rules in force for `task`."""
+    from dynamic_bench import get_domain
+
+    return {name for name, spec in get_domain(domain).tools(task.params["rules"]).items() if not spec.is_write}
+
+
+def first_decision(traj, reads: set[str]) -> int:
+    """Index of the first step whose action is not a read (a write, a reply, or unparsable)."""
+    for i, s in enumerate(traj.steps):
+        if not s.action or s.action.get("name") not in reads:
+            return i
+    return len(traj.steps)
+
+
+def first_divergence(with_memory, bare) -> int:
+    """Index of the first step whose action differs between the two runs of one task (the length
+    of the shorter run if one is a prefix of the other)."""
+    for i, (a, b) in enumerate(zip(with_memory.steps, bare.steps)):
+        if a.action_text != b.action_text:
+            return i
+    return min(len(with_memory.steps), len(bare.steps))
 
 
 def _row(task_id: str, prompt_ids: list[int], step) -> dict:

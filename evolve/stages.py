@@ -167,10 +167,11 @@ def experience(ctx: CycleContext) -> dict:
             "corrupted": bool(cfg.corrupt_rewards)}
 
 
-def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) -> tuple[list, list]:
+def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True,
+                      distill_focus: bool = False) -> tuple[list, list, list]:
     """The experience stage's files as training input: SFT rows (approved successes, with their
-    sampled ids; corrections, the user's action as the target; memory-distilled steps) and DPO
-    preference pairs. With
+    sampled ids; corrections, the user's action as the target; the memory-distilled rows, unless
+    `distill_focus` puts them in the second list, `TaskPool.sft_focus`) and DPO preference pairs. With
     `distill_memory`, every row whose prompt showed retrieved memory is also given once with the
     memory section emptied (same target): what memory taught becomes weights (`without_memory`)."""
     from runtime.scaffolds import without_memory
@@ -183,9 +184,10 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
            for r in _read_jsonl(exp_dir / "sft.jsonl")]
     sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
             for r in _read_jsonl(exp_dir / "corrections.jsonl")]
-    if (exp_dir / "distilled.jsonl").exists():  # already without memory (evolve.distill)
-        sft += [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
-                for r in _read_jsonl(exp_dir / "distilled.jsonl")]
+    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # already without memory
+                 for r in _read_jsonl(exp_dir / "distilled.jsonl")] if (exp_dir / "distilled.jsonl").exists() else []
+    if not distill_focus:
+        sft, distilled = sft + distilled, []
     pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
                       r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
     if distill_memory:
@@ -193,7 +195,7 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True) 
         sft += [Row(p, r.completion_ids, [], sft=True) for p, r in bare if p is not None]
         bare_pairs = [(without_memory(tok, q.prompt_ids), q) for q in pairs]
         pairs += [PrefPair(p, q.chosen_ids, q.rejected_ids) for p, q in bare_pairs if p is not None]
-    return sft, pairs
+    return sft, distilled, pairs
 
 
 def train(ctx: CycleContext) -> dict:
@@ -214,7 +216,8 @@ def train(ctx: CycleContext) -> dict:
             pool.replay.add(t.id)
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
-        pool.sft_rows, pool.pref_pairs = logged_experience(ctx.dir / "experience", base, cfg.distill_memory)
+        pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(ctx.dir / "experience", base,
+                                                                           cfg.distill_memory, cfg.distill_focus)
     if cfg.train_heldout_tasks:  # scored during training, so the diagnosis can tell learning from memorising
         contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
         heldout = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")
@@ -246,7 +249,8 @@ def train(ctx: CycleContext) -> dict:
     diagnosis = ctx.dir / "train" / "diagnosis.txt"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
             "final_reward_mean": m[-1].get("reward_mean") if m else None, **heldout,
-            "logged_sft_rows": len(pool.sft_rows), "logged_pref_pairs": len(pool.pref_pairs),
+            "logged_sft_rows": len(pool.sft_rows), "distilled_focus_rows": len(pool.sft_focus),
+            "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
             "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 

@@ -141,19 +141,25 @@ def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
                        "rejected_token_ids": s.completion_token_ids} for s in steps]}
     for name, rs in rows.items():
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs))
-    sft, pairs = logged_experience(tmp_path, tiny_policy, distill_memory=False)
-    assert len(sft) == 6 and len(pairs) == 3
+    distilled = [{"prompt_token_ids": steps[0].prompt_token_ids, "completion_token_ids": [5, 6]},
+                 {"prompt_token_ids": steps[1].prompt_token_ids, "completion_token_ids": [7], "anchor": True}]
+    (tmp_path / "distilled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in distilled))
+    sft, focus, pairs = logged_experience(tmp_path, tiny_policy, distill_memory=False)
+    assert len(pairs) == 3 and not focus and [r.completion_ids for r in sft[6:]] == [[5, 6], [7]]
+    sft, focus, _ = logged_experience(tmp_path, tiny_policy, distill_memory=False, distill_focus=True)
+    assert len(sft) == 6 and [r.completion_ids for r in focus] == [[5, 6], [7]]  # both in TaskPool.sft_focus
     tok = load_tokenizer(tiny_policy)
     assert tok.decode(sft[3].completion_ids) == fix + "<|end|>" and pairs[0].chosen_ids == sft[3].completion_ids
     from runtime.scaffolds import without_memory
 
     bare = [without_memory(tok, s.prompt_token_ids) for s in steps]
     n_mem = sum(b is not None for b in bare)
-    dist_sft, dist_pairs = logged_experience(tmp_path, tiny_policy)  # + the memory-free copies
+    (tmp_path / "distilled.jsonl").unlink()
+    dist_sft, _, dist_pairs = logged_experience(tmp_path, tiny_policy)  # + the memory-free copies
     assert len(dist_sft) == 6 + 2 * n_mem and len(dist_pairs) == 3 + n_mem
     assert [r.prompt_ids for r in dist_sft[6:]] == [b for b in bare + bare if b is not None]
     pool = TaskPool(tasks={t.id: t for t in generate_tasks("retail", 2, seed=3, split="train")},
-                    sft_rows=sft, pref_pairs=pairs)
+                    sft_rows=sft, sft_focus=focus, pref_pairs=pairs)
     cfg = RLConfig(model=str(tiny_policy), out_dir=str(tmp_path / "rl"), steps=2, groups_per_step=1, group_size=2,
                    max_turns=2, n_workers=1, sft_coef=1.0, pref_coef=1.0, experience_per_step=4, progress=False)
     train_rl(cfg, pool=pool)

@@ -81,21 +81,67 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
     verdict = [("success", "failure"), ("success", "success"), ("failure", "failure"), ("failure", "success")]
     with_mem = [t.model_copy(update={"outcome": v[0]}) for t, v in zip(with_mem, verdict)]
     bare = [t.model_copy(update={"outcome": v[1]}) for t, v in zip(bare, verdict)]
-    rows, outcomes = distilled_rows(with_mem, bare, tok)
-    assert [(o["with_memory"], o["without_memory"]) for o in outcomes] == [(1, 0), (1, 1), (0, 0), (0, 1)]
-    solved = with_mem[0]
-    assert [r["task_id"] for r in rows] == [tasks[0].id] * len(solved.steps)
-    for r, s in zip(rows, solved.steps):
-        assert without_memory(tok, s.prompt_token_ids) is not None  # the note was in the prompt ...
-        assert r["prompt_token_ids"] == without_memory(tok, s.prompt_token_ids)  # ... and is emptied
-        assert r["completion_token_ids"] == s.completion_token_ids
-    assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
-    assert not any(r.get("anchor") for r in rows)
-    # anchors: tasks already solved without memory (1 and 3), their own memory-free steps, per distilled task
-    for ratio, anchor_tasks in ((1.0, [1]), (2.0, [1, 3]), (5.0, [1, 3])):
-        with_anchors, _ = distilled_rows(with_mem, bare, tok, anchor_ratio=ratio)
-        assert with_anchors[:len(rows)] == rows
-        extra = with_anchors[len(rows):]
-        assert all(r["anchor"] for r in extra)
-        want = [(s.prompt_token_ids, s.completion_token_ids) for i in anchor_tasks for s in bare[i].steps]
-        assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
+    assert len(with_mem[0].steps) == 2 and with_mem[0].steps[0].completion_token_ids
+    # the memory-free run took the same first action and another second one
+    same_first = bare[0].steps[0].model_copy(update={"action_text": with_mem[0].steps[0].action_text})
+    other_second = bare[0].steps[1].model_copy(update={"action_text": with_mem[0].steps[1].action_text + " x"})
+    bare[0] = bare[0].model_copy(update={"steps": [same_first, other_second]})
+    # task 1 (solved without memory) read first; task 3's first action is not a read
+    assert len(bare[1].steps) == 2
+    read_first = bare[1].steps[0].model_copy(update={"action": {"name": "get_order", "args": {}}})
+    bare[1] = bare[1].model_copy(update={"steps": [read_first, *bare[1].steps[1:]]})
+    reads = [{"get_order", "get_customer"}] * 4
+    for focus in (False, True):  # every step, or (focused, with `reads`) from the first changed action on
+        rows, outcomes = distilled_rows(with_mem, bare, tok, reads=reads if focus else None)
+        assert [(o["with_memory"], o["without_memory"]) for o in outcomes] == [(1, 0), (1, 1), (0, 0), (0, 1)]
+        solved = with_mem[0].steps[focus:]
+        assert [r["task_id"] for r in rows] == [tasks[0].id] * len(solved)
+        for r, s in zip(rows, solved, strict=True):
+            assert without_memory(tok, s.prompt_token_ids) is not None  # the note was in the prompt ...
+            assert r["prompt_token_ids"] == without_memory(tok, s.prompt_token_ids)  # ... and is emptied
+            assert r["completion_token_ids"] == s.completion_token_ids
+        assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
+        assert not any(r.get("anchor") for r in rows)
+        # anchors: tasks already solved without memory (1 and 3), their own memory-free steps (focused:
+        # from the first that is not a read), so many tasks per distilled task
+        for ratio, anchor_tasks in ((1.0, [1]), (2.0, [1, 3]), (5.0, [1, 3])):
+            with_anchors, _ = distilled_rows(with_mem, bare, tok, anchor_ratio=ratio, reads=reads if focus else None)
+            assert with_anchors[:len(rows)] == rows
+            extra = with_anchors[len(rows):]
+            assert all(r["anchor"] for r in extra)
+            want = [(s.prompt_token_ids, s.completion_token_ids) for i in anchor_tasks
+                    for s in bare[i].steps[(focus and i == 1):]]
+            assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
+
+
+def test_anchor_decisions_start_after_the_reads():
+    """`first_decision` on hand-made runs, and `read_tools` from the domain's specs."""
+    from dynamic_bench import generate_tasks
+    from dynamic_bench.schema import Trajectory
+    from evolve.distill import first_decision, read_tools
+
+    def run(*names):
+        steps = [{"index": i, "action": n and {"name": n, "args": {}}} for i, n in enumerate(names)]
+        return Trajectory.model_validate({"task_id": "t", "steps": steps})
+
+    reads = read_tools("retail", generate_tasks("retail", 1, seed=0)[0])
+    assert {"get_order", "get_customer"} <= reads and not reads & {"refund", "escalate", "issue_coupon"}
+    assert first_decision(run("get_order", "get_customer", "refund", "reply"), reads) == 2
+    assert first_decision(run("get_order", "reply"), reads) == 1
+    assert first_decision(run("get_order", None, "refund"), reads) == 1  # unparsable: the policy's own choice
+    assert first_decision(run("get_order"), reads) == 1
+
+
+def test_rows_start_at_the_first_action_memory_changed():
+    """`first_divergence` on hand-made runs: the first differing action, else the shorter length."""
+    from dynamic_bench.schema import Trajectory
+    from evolve.distill import first_divergence
+
+    def run(*actions):
+        steps = [{"index": i, "action_text": a} for i, a in enumerate(actions)]
+        return Trajectory.model_validate({"task_id": "t", "steps": steps})
+
+    assert first_divergence(run("a", "b", "c"), run("a", "x", "c")) == 1
+    assert first_divergence(run("x", "b"), run("a", "b")) == 0
+    assert first_divergence(run("a", "b", "c"), run("a", "b")) == 2
+    assert first_divergence(run("a"), run("a")) == 1

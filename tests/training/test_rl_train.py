@@ -149,3 +149,25 @@ def test_config_is_validated(drift_policy, tmp_path, deny_pool):
         train_rl(RLConfig(out_dir=str(tmp_path)))
     with pytest.raises(ValueError):
         train_rl(dataclasses.replace(_cfg(drift_policy, tmp_path), decoupled=False, correction="tis"))
+
+
+def test_focus_rows_fill_up_to_half_of_each_steps_experience_draw():
+    """`experience_rows`: the focus rows (distilled decisions) take up to half of the `k` drawn,
+    the logged rows and kept corrections the rest; the same seed draws the same rows."""
+    from training.rl.learner import Row
+    from training.rl.trainer import experience_rows
+
+    def rows(tag: int, n: int) -> list[Row]:
+        return [Row([tag], [i], [], sft=True) for i in range(n)]
+
+    pool = TaskPool(sft_rows=rows(1, 40), sft_focus=rows(2, 10))
+    corrections = rows(3, 5)
+    got = experience_rows(pool, corrections, 16, "s/0")
+    assert len(got) == 16 and sum(r.prompt_ids == [2] for r in got) == 8
+    assert len({(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in got}) == 16  # no row twice
+    assert experience_rows(pool, corrections, 16, "s/0") == got
+    assert experience_rows(pool, corrections, 16, "s/1") != got
+    few = TaskPool(sft_rows=rows(1, 40), sft_focus=rows(2, 3))  # fewer focus rows than half: all of them
+    assert sum(r.prompt_ids == [2] for r in experience_rows(few, [], 16, "s/0")) == 3
+    assert len(experience_rows(few, [], 16, "s/0")) == 16
+    assert experience_rows(TaskPool(), corrections, 16, "s/0") == corrections  # fewer than k: all
