@@ -119,8 +119,8 @@ class TaskPool:
     sft_rows: list[Row] = field(default_factory=list)
     pref_pairs: list[PrefPair] = field(default_factory=list)
     # rows that fill up to half of each step's draw before `sft_rows` do: the few decisions only
-    # memory got right (evolve.distill), which a uniform draw from ~900 rows showed each ~0.5 times
-    # in a 30-step cycle
+    # memory got right and their anchors (evolve.distill with CycleConfig.distill_focus), which a
+    # uniform draw from ~900 rows showed each ~0.5 times in a 30-step cycle
     sft_focus: list[Row] = field(default_factory=list)
 
 
