@@ -120,3 +120,40 @@ def old_rules_fail(task: Task, older: list[Rules] | None = None) -> bool:
     if older is None:
         older = [p["shown_rules"]] + [r for _, r in p["prior_rules"]]
     return any(r != p["rules"] and answer(r) != now for r in older)
+
+
+def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25) -> list[Task]:
+    """Up to `n` distinct tasks like `task`, each with every whole-number fact of its database moved
+    by up to `spread` of its value (at least 1; a zero stays zero, a positive value stays positive),
+    in the same split, under the same rules and request, their gold answers recomputed.
+
+    Why: the tasks around a task whose answer a shift changed straddle the threshold that moved. A
+    policy taught the new answer from one side only stretches it past where the new rule stops
+    (evolve.distill); its neighbours show both sides."""
+    d, task = get_domain(task.domain), complete_task(task)
+    seen, out = {json.dumps(task.params["db"], sort_keys=True)}, []
+    for _ in range(20 * n):
+        if len(out) == n:
+            break
+        params = {**task.params, "db": _nudged(task.params["db"], rng, spread)}
+        key = json.dumps(params["db"], sort_keys=True)
+        if key in seen or split_of(params) != task.split:
+            continue
+        seen.add(key)
+        writes, outcome = d.solve(params, params["rules"])
+        out.append(task.model_copy(update={
+            "id": f"{d.name}-{task.split}-{rng.getrandbits(48):012x}", "params": params,
+            "gold_checks": {"outcome": outcome, "writes": [format_action(c) for c in writes]}}))
+    return out
+
+
+def _nudged(value: Any, rng: random.Random, spread: float) -> Any:
+    if isinstance(value, dict):
+        return {k: _nudged(v, rng, spread) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nudged(v, rng, spread) for v in value]
+    if isinstance(value, bool) or not isinstance(value, int) or value == 0:
+        return value
+    step = max(1, round(spread * abs(value)))
+    moved = value + rng.randint(-step, step)
+    return max(1, moved) if value > 0 else min(-1, moved)

@@ -25,6 +25,8 @@ def cycle(
                                                "solves are trained on without it (0: off)."),
     distill_focus: bool = typer.Option(False, "--distill-focus", help="Train on the decisions memory changed "
                                        "and anchors' decisions, half of each step's draw (see CycleConfig)."),
+    distill_neighbours: int = typer.Option(0, help="Per task only memory solved, so many tasks with its facts "
+                                                   "moved a little, played the same way (0: off)."),
     seed: int = typer.Option(0),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what the cycle would do; write nothing."),
 ) -> None:
@@ -34,7 +36,7 @@ def cycle(
 
     cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
                       gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks,
-                      distill_focus=distill_focus, seed=seed,
+                      distill_focus=distill_focus, distill_neighbours=distill_neighbours, seed=seed,
                       dry_run=dry_run)
     if dry_run:
         typer.echo(json.dumps(plan(cfg), indent=2, default=str))

@@ -51,6 +51,9 @@ class CycleConfig:
                                         # the silent shift (gate +11.0 to +12.5 vs -1.0) but forgot 3.5-7.5
                                         # points on old rules (3.0 off); not yet run on build A, where off
                                         # promotes
+    distill_neighbours: int = 0         # per task only memory solved, so many tasks with its facts moved a
+                                        # little (dynamic_bench.tasks.neighbour_tasks), played the same way;
+                                        # their anchors are taken first
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a

@@ -9,10 +9,13 @@ with the memory section emptied (`without_memory`), become SFT rows, so the cand
 and the tenant depends less on memory (DESIGN: turn memory into training data); tasks it already
 solves without memory anchor what must not change. Only verified successes are kept, so a wrong
 memory item teaches nothing. Tasks come from the train split (the gate draws from test); each
-tenant's tasks are played with that tenant's memory only.
+tenant's tasks are played with that tenant's memory only. With `CycleConfig.distill_neighbours`,
+each task only memory solved brings tasks whose facts lie around its own (`neighbour_tasks`), played
+the same way: they straddle the threshold the shift moved, so the rows show where the new rule stops.
 """
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from typing import Any
 
@@ -44,33 +47,60 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     from training.rollout import RolloutConfig, rollout
 
     per_tenant = distill_tasks(cfg, trajs, n)
-    tasks = [t for ts in per_tenant.values() for t in ts]
+    tasks = [(tenant, t) for tenant, ts in per_tenant.items() for t in ts]
     stats: dict[str, Any] = {"distill_tasks": len(tasks), "with_memory": 0, "without_memory": 0,
-                             "memory_made_the_difference": 0, "distilled_rows": 0, "anchor_rows": 0,
+                             "memory_made_the_difference": 0, "neighbour_tasks": 0, "neighbours_only_memory_solved": 0,
+                             "neighbours_solved_without_memory": 0, "distilled_rows": 0, "anchor_rows": 0,
                              "outcomes": []}
     if not tasks:
         return [], stats
     recall = AgentConfig()
-    notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
-             for tenant, ts in per_tenant.items() for t in ts]
     engine = make_engine(f"torch:{base_policy(cfg)}", seed=cfg.seed)
     rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=cfg.seed * 13 + 5)
+
+    def play(pairs: list) -> tuple[list, list]:
+        """Each task greedily with its tenant's recalled memory, and without."""
+        notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
+                 for tenant, t in pairs]
+        ts = [t for _, t in pairs]
+        return rollout(engine, engine.tokenizer, ts, rc, memory=notes), rollout(engine, engine.tokenizer, ts, rc)
+
     try:
         engine.load_adapter(*policy)
-        with_mem = rollout(engine, engine.tokenizer, tasks, rc, memory=notes)
-        bare = rollout(engine, engine.tokenizer, tasks, rc)
+        with_mem, bare = play(tasks)
+        if cfg.distill_neighbours:  # listed first, so their anchors are the first taken
+            near = neighbours_of_distilled(tasks, with_mem, bare, cfg.distill_neighbours, cfg.seed)
+            near_with, near_bare = play(near) if near else ([], [])
+            tasks, with_mem, bare = near + tasks, near_with + with_mem, near_bare + bare
+            stats["neighbour_tasks"] = len(near)
         tok = engine.tokenizer
     finally:
         engine.close()
+    tasks = [t for _, t in tasks]
     reads = [read_tools(cfg.domain, t) for t in tasks] if cfg.distill_focus else None
     rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads)
-    for o in stats["outcomes"]:
+    for i, o in enumerate(stats["outcomes"]):
+        if i < stats["neighbour_tasks"]:
+            o["neighbour"] = True
+            stats["neighbours_only_memory_solved"] += o["with_memory"] and not o["without_memory"]
+            stats["neighbours_solved_without_memory"] += o["without_memory"]
+            continue
         stats["with_memory"] += o["with_memory"]
         stats["without_memory"] += o["without_memory"]
         stats["memory_made_the_difference"] += o["with_memory"] and not o["without_memory"]
     stats["anchor_rows"] = sum(bool(r.get("anchor")) for r in rows)
     stats["distilled_rows"] = len(rows) - stats["anchor_rows"]
     return rows, stats
+
+
+def neighbours_of_distilled(tasks: list[tuple[str, Any]], with_memory: list, bare: list, k: int,
+                            seed: int) -> list[tuple[str, Any]]:
+    """(tenant, task) for `k` neighbours (`neighbour_tasks`) of each task only memory solved."""
+    from dynamic_bench.tasks import neighbour_tasks
+
+    rng = random.Random(f"distill-neighbours/{seed}")
+    return [(tenant, near) for (tenant, t), w, b in zip(tasks, with_memory, bare, strict=True)
+            if w.outcome == "success" and b.outcome != "success" for near in neighbour_tasks(t, rng, k)]
 
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,

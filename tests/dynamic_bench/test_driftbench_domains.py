@@ -70,6 +70,53 @@ def test_splits_are_disjoint_by_facts_and_seeded(name):
     assert {t.persona for t in train} == set(PERSONAS)
 
 
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_same_rules(name):
+    from dynamic_bench.tasks import neighbour_tasks, split_of
+
+    def numbers(db: dict, path: str = "") -> dict[str, int]:
+        out = {}
+        for k, v in db.items():
+            if isinstance(v, dict):
+                out |= numbers(v, f"{path}{k}.")
+            elif isinstance(v, int) and not isinstance(v, bool):
+                out[path + k] = v
+        return out
+
+    d = get_domain(name)
+    moved = Counter()
+    for split in ("train", "test"):
+        for task in generate_tasks(name, 20, 3, split, rule_version=2):
+            near = neighbour_tasks(task, random.Random(task.id), 6)
+            if not any(numbers(task.params["db"]).values()):  # nothing to move: a zero stays zero
+                assert near == []
+                continue
+            assert 0 < len(near) <= 6 and len({t.id for t in near} | {task.id}) == len(near) + 1
+            dbs = [numbers(t.params["db"]) for t in near]
+            assert len({tuple(sorted(x.items())) for x in dbs}) == len(near)  # distinct facts ...
+            assert numbers(task.params["db"]) not in dbs  # ... none the original's
+            for t, facts in zip(near, dbs):
+                assert t.split == split_of(t.params) == split and t.instruction == task.instruction
+                assert {k: v for k, v in t.params.items() if k != "db"} == \
+                       {k: v for k, v in task.params.items() if k != "db"}  # same request and rules
+                writes, outcome = d.solve(t.params, t.params["rules"])
+                assert t.gold_checks == {"outcome": outcome, "writes": [format_action(c) for c in writes]}
+                for k, v in numbers(task.params["db"]).items():
+                    assert abs(facts[k] - v) <= max(1, round(0.25 * abs(v))) and (facts[k] > 0) == (v > 0)
+                    moved[k] += facts[k] != v
+            assert neighbour_tasks(task, random.Random(task.id), 6) == near  # seeded
+    assert all(moved.values())  # every fact is moved somewhere
+    # around tasks whose answer the shift changed, some neighbours get another answer, and some one
+    # that did not change (what a policy taught the new rule must still do)
+    changed = [t for t in generate_tasks(name, 400, 0, rule_version=2)
+               if not d.same_answer(t.params, d.versions[1], d.versions[2])]
+    near = [neighbour_tasks(t, random.Random(0), 6) for t in changed]
+    other_answer = sum(any(n.gold_checks["outcome"] != t.gold_checks["outcome"] for n in ns)
+                       for t, ns in zip(changed, near))
+    unchanged = sum(any(d.same_answer(n.params, d.versions[1], d.versions[2]) for n in ns) for ns in near)
+    assert min(other_answer, unchanged) > len(changed) // 10
+
+
 def test_stale_agent_uses_first_version_tools_under_tool_drift():
     env = make("driftbench/telecom-v1")
     task = next(t for t in generate_tasks("telecom", 50, 0, rule_version=4) if t.params["kind"] == "suspend"

@@ -47,8 +47,17 @@ def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, ti
     try:
         rows, stats = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
         again, stats_again = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
+        cfg.distill_neighbours = 2
+        _, near = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
     finally:
         mem.close()
+    # neighbours are played after the tasks, counted apart, listed first
+    assert near["neighbour_tasks"] <= 2 * stats["memory_made_the_difference"]
+    assert len(near["outcomes"]) == 8 + near["neighbour_tasks"]
+    assert [o.get("neighbour", False) for o in near["outcomes"]] == [True] * near["neighbour_tasks"] + [False] * 8
+    assert near["outcomes"][near["neighbour_tasks"]:] == stats["outcomes"]
+    keys = ("distill_tasks", "with_memory", "without_memory", "memory_made_the_difference")
+    assert [near[k] for k in keys] == [stats[k] for k in keys]
     assert stats["distill_tasks"] == 8 and (rows, stats) == (again, stats_again)  # greedy and seeded
     outcomes = stats["outcomes"]
     assert len(outcomes) == 8 and stats["with_memory"] == sum(o["with_memory"] for o in outcomes)
@@ -145,3 +154,25 @@ def test_rows_start_at_the_first_action_memory_changed():
     assert first_divergence(run("x", "b"), run("a", "b")) == 0
     assert first_divergence(run("a", "b", "c"), run("a", "b")) == 2
     assert first_divergence(run("a"), run("a")) == 1
+
+
+def test_neighbours_come_only_from_tasks_memory_solved_alone_with_their_tenant():
+    """`neighbours_of_distilled` on hand-made verdicts: so many neighbours of each (with, without)
+    = (success, failure) task, under that task's tenant, seeded."""
+    from dynamic_bench import generate_tasks
+    from dynamic_bench.schema import Trajectory
+    from evolve.distill import neighbours_of_distilled
+
+    tasks = [(f"co-{i}", t) for i, t in enumerate(generate_tasks("retail", 4, seed=7, rule_version=2))]
+    verdict = [("success", "failure"), ("success", "success"), ("failure", "failure"), ("success", "failure")]
+    runs = [[Trajectory(task_id=t.id, outcome=v[j]) for (_, t), v in zip(tasks, verdict)] for j in (0, 1)]
+    near = neighbours_of_distilled(tasks, *runs, 3, seed=0)
+    assert [tenant for tenant, _ in near] == ["co-0"] * 3 + ["co-3"] * 3
+    facts = lambda t: t.params["db"]["orders"][t.params["order_id"]]  # noqa: E731
+    for tenant, t in near:
+        src = dict(tasks)[tenant]
+        assert t.params["order_id"] == src.params["order_id"] and t.params["rules"] == src.params["rules"]
+        assert abs(facts(t)["days"] - facts(src)["days"]) <= max(1, round(0.25 * facts(src)["days"]))
+    assert neighbours_of_distilled(tasks, *runs, 3, seed=0) == near
+    assert [t.id for _, t in neighbours_of_distilled(tasks, *runs, 3, seed=1)] != [t.id for _, t in near]
+    assert neighbours_of_distilled(tasks, runs[0], runs[0], 3, seed=0) == []  # all solved without memory
