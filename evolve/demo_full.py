@@ -165,8 +165,11 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}.", "",
           f"Memory distillation (before training): of {exp.get('distill_tasks', 0)} fresh tasks under the latest "
           f"rules, the serving policy solved {exp.get('with_memory', 0)} with memory and {exp.get('without_memory', 0)} "
-          f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved gave "
-          f"{exp.get('distilled_rows', 0)} training rows (and {exp.get('anchor_rows', 0)} anchor rows from tasks "
+          f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved"
+          + (f" and their {exp['neighbour_tasks']} neighbour tasks (facts moved a little; "
+             f"{exp['neighbours_only_memory_solved']} only memory solved, {exp['neighbours_solved_without_memory']} "
+             f"solved without)" if exp.get("neighbour_tasks") else "") +
+          f" gave {exp.get('distilled_rows', 0)} training rows (and {exp.get('anchor_rows', 0)} anchor rows from tasks "
           f"solved without memory).", "",
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]
