@@ -56,12 +56,45 @@ def demo(
     seed: int = typer.Option(0),
     mode: str = typer.Option("auto", help="auto (full when every part is installed) | full | baseline."),
     policy: str = typer.Option("", help="Use this policy folder instead of building the cold-start policy."),
+    cycle_set: list[str] = typer.Option([], "--cycle-set", help="KEY=VALUE: a CycleConfig field for the demo's "
+                                        "cycle, e.g. distill_focus=true (repeatable)."),
 ) -> None:
     """The end-to-end demo: drift stream, memory adapting online, one evolve cycle, the report."""
     from evolve.demo import DemoConfig, run_demo
 
-    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed, mode=mode, policy=policy))
+    try:
+        overrides = cycle_overrides(cycle_set)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--cycle-set") from e
+    report = run_demo(DemoConfig(out=str(out), preset=preset, episodes=episodes, seed=seed, mode=mode, policy=policy,
+                                 cycle=overrides))
     typer.echo(report["summary_text"])
+
+
+def cycle_overrides(pairs: list[str]) -> dict:
+    """{field: value} from "KEY=VALUE" strings, each KEY a CycleConfig field and VALUE JSON of its type
+    (a bare word is a string)."""
+    from dataclasses import fields
+
+    from evolve.cycle import CycleConfig
+
+    defaults = {f.name: f.default for f in fields(CycleConfig)}
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in defaults:
+            raise ValueError(f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(defaults))}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        want = type(defaults[key])
+        if want is float and type(value) is int:
+            value = float(value)
+        if type(value) is not want and not (want is tuple and isinstance(value, list)):
+            raise ValueError(f"{pair!r}: {key} takes a {want.__name__}, not {text!r}")
+        out[key] = tuple(value) if want is tuple else value
+    return out
 
 
 @simulate_app.command("fit")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ class DemoConfig:
     seed: int = 0
     mode: str = "auto"         # auto | full | baseline
     policy: str = ""           # an existing policy folder to use instead of building the cold-start one
+    cycle: dict[str, Any] = field(default_factory=dict)  # CycleConfig fields for the cycle, over the size table's
 
     def n_episodes(self) -> int:
         return self.episodes or {"tiny": 16, "small": 120}.get(self.preset, 120)

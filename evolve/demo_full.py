@@ -99,11 +99,12 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     shutil.copytree(data, out / "service-memory-only")  # the memory-only world continues from here
 
     t = time.time()
-    ccfg = CycleConfig(data_dir=str(data), domain=cfg.domain, preset=cfg.preset, seed=cfg.seed,
-                       rl_steps=size["rl_steps"], lr=size["lr"], experience_per_step=size["experience"],
-                       explore_eps=size["explore"], gate_tasks=size["gate_tasks"],
-                       groups_per_step=size["groups"], max_turns=size["max_turns"], distill_tasks=size["distill"],
-                       train_heldout_tasks=size["heldout"], base_model=str(policy))
+    ccfg = CycleConfig(**{**dict(data_dir=str(data), domain=cfg.domain, preset=cfg.preset, seed=cfg.seed,
+                                 rl_steps=size["rl_steps"], lr=size["lr"], experience_per_step=size["experience"],
+                                 explore_eps=size["explore"], gate_tasks=size["gate_tasks"],
+                                 groups_per_step=size["groups"], max_turns=size["max_turns"],
+                                 distill_tasks=size["distill"], train_heldout_tasks=size["heldout"],
+                                 base_model=str(policy)), **cfg.cycle})
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
     gate_out = state.stages["gate"]["output"]

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def test_demo_tiny_end_to_end(tmp_path):
     out = tmp_path / "demo"
     evolve = str(Path(sys.executable).parent / "evolve")
-    p = subprocess.run([evolve, "demo", "--preset", "tiny", "--mode", "full", "--out", str(out)],
+    p = subprocess.run([evolve, "demo", "--preset", "tiny", "--mode", "full", "--out", str(out),
+                        "--cycle-set", "distill_tasks=6"],
                        capture_output=True, text=True, timeout=1700,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
@@ -32,4 +33,8 @@ def test_demo_tiny_end_to_end(tmp_path):
         assert all(k in a for a in rep["arms"].values())
     assert (out / "curve.png").stat().st_size > 0 and (out / "report.md").read_text().startswith("# Evolve demo")
     assert Path(rep["cycle_report"]).exists()
+    # the cycle ran with the setting given on the command line, over the tiny size's 8
+    assert rep["config"]["cycle"] == {"distill_tasks": 6}
+    state = json.loads(next((out / "service" / "cycles").glob("cycle-*/state.json")).read_text())
+    assert state["stages"]["experience"]["output"]["distill_tasks"] == 6
     assert "curve:" in p.stdout

@@ -242,3 +242,27 @@ def test_cycle_promotes_a_better_adapter(competent, data_dir, tiny_policy):
     assert reg.current_version() == gate["candidate"]
     reg.roll_back(reason="test")
     assert reg.current_version() == "base"
+
+
+def test_demo_cycle_settings_are_parsed_and_checked(tmp_path):
+    """`evolve demo --cycle-set KEY=VALUE`: CycleConfig fields typed from JSON; a wrong key or type is a
+    clear usage error before anything runs."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from evolve.cli import app
+    from evolve.commands import cycle_overrides
+
+    assert cycle_overrides(["distill_focus=true", "distill_anchor_ratio=4", "distill_neighbours=4",
+                            "domain=telecom", 'tenants=["a"]']) == {
+        "distill_focus": True, "distill_anchor_ratio": 4.0, "distill_neighbours": 4, "domain": "telecom",
+        "tenants": ("a",)}
+    for bad, why in (("nope=1", "KEY one of"), ("distill_focus", "KEY one of"), ("distill_focus=3", "takes a bool"),
+                     ("rl_steps=1.5", "takes a int")):
+        with pytest.raises(ValueError, match=why):
+            cycle_overrides([bad])
+    out = tmp_path / "demo"
+    r = CliRunner().invoke(app, ["demo", "--out", str(out), "--cycle-set", "distill_focus=maybe"])
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.output).split())  # typer draws the message in a box
+    assert r.exit_code == 2 and "distill_focus takes a bool" in text and not out.exists()
