@@ -47,13 +47,14 @@ class CycleConfig:
     distill_anchor_ratio: float = 2.0   # tasks already solved without memory kept as rows, per distilled task
     distill_focus: bool = False         # distilled rows from the first action memory changed, anchors from
                                         # their first decision, both filling half of each step's draw
-                                        # (TaskPool.sft_focus). Off: on build B's demo (ratio 4) it learned
-                                        # the silent shift (gate +11.0 to +12.5 vs -1.0) but forgot 3.5-7.5
-                                        # points on old rules (3.0 off); not yet run on build A, where off
-                                        # promotes
+                                        # (TaskPool.sft_focus). Alone (build B's demo, ratio 4) it learned the
+                                        # silent shift (gate +11.0 to +12.5 vs -1.0 off) but forgot 3.5-7.5
+                                        # points on old rules; see distill_neighbours
     distill_neighbours: int = 0         # per task only memory solved, so many tasks with its facts moved a
                                         # little (dynamic_bench.tasks.neighbour_tasks), played the same way;
-                                        # their anchors are taken first
+                                        # their anchors are taken first. With distill_focus, ratio 4 and 4
+                                        # here, build B's demo promoted (+15.0, old rules -1.5); off by
+                                        # default: one run, and not yet run on build A, where all off promotes
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
