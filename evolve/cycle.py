@@ -53,8 +53,9 @@ class CycleConfig:
     distill_neighbours: int = 0         # per task only memory solved, so many tasks with its facts moved a
                                         # little (dynamic_bench.tasks.neighbour_tasks), played the same way;
                                         # their anchors are taken first. With distill_focus, ratio 4 and 4
-                                        # here, build B's demo promoted (+15.0, old rules -1.5); off by
-                                        # default: one run, and not yet run on build A, where all off promotes
+                                        # here, build B's demo promoted (+15.0, old rules -1.5); with 8 it
+                                        # forgot 9.0 points (rejected). Off by default: one run each, and
+                                        # not yet run on build A, where all off promotes
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
