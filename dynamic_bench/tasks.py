@@ -54,13 +54,18 @@ def make_task(domain: str | Domain, rng: random.Random, *, user: dict | None = N
     if prior is None:  # standalone task: every named version before this one came first
         prior = [(v, d.versions[v]) for v in sorted(d.versions) if version and v < version]
     shown = shown or (version, rules)
-    writes, outcome = d.solve(params, rules)
     params.update(rules=rules, prior_rules=[[v, r] for v, r in prior if r != rules],
                   shown_version=shown[0], shown_rules=shown[1], **(extra or {}))
     return Task(id=f"{d.name}-{split_of(params)}-{rng.getrandbits(48):012x}", domain=d.name,
                 instruction=d.instruction(params), persona=persona or rng.choice(sorted(PERSONAS)),
                 user_id=user["user_id"], rule_version=version, split=split_of(params), params=params,
-                gold_checks={"outcome": outcome, "writes": [format_action(c) for c in writes]})
+                gold_checks=gold_checks(d, params, rules))
+
+
+def gold_checks(d: Domain, params: dict, rules: Rules) -> dict:
+    """What the verifier checks a task against: the outcome and writes `rules` prescribe."""
+    writes, outcome = d.solve(params, rules)
+    return {"outcome": outcome, "writes": [format_action(c) for c in writes]}
 
 
 def complete_task(task: Task) -> Task:
@@ -140,10 +145,9 @@ def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25
         if key in seen or split_of(params) != task.split:
             continue
         seen.add(key)
-        writes, outcome = d.solve(params, params["rules"])
         out.append(task.model_copy(update={
             "id": f"{d.name}-{task.split}-{rng.getrandbits(48):012x}", "params": params,
-            "gold_checks": {"outcome": outcome, "writes": [format_action(c) for c in writes]}}))
+            "gold_checks": gold_checks(d, params, params["rules"])}))
     return out
 
 
