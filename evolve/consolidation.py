@@ -1,15 +1,20 @@
 """Consolidation: retire memory items the promoted policy now handles without memory.
 
-An item is judged on the tasks it came from (its provenance trajectories' tasks): the promoted
-policy plays each of them greedily with *no* memory in its prompt; an item all of whose tasks
-succeed is retired with that reason, so dependence on external memory falls. Items about a
-case the policy still fails stay. The same tasks are also played with the memory the runtime
-would recall for them, so the report shows success with and without memory. Decisions are saved before any retirement, and an item that
-is already retired is left alone, so a rerun after a crash retires nothing twice.
+An item is judged on the tasks it came from (its provenance trajectories' tasks) and, with
+`CycleConfig.consolidate_neighbours`, on tasks whose facts lie around each of them
+(`dynamic_bench.tasks.neighbour_tasks`): the promoted policy plays each greedily with *no*
+memory in its prompt; an item all of whose tasks succeed is retired with that reason, so
+dependence on external memory falls. Items about a case the policy still fails stay. Why the
+neighbours: an item's own one or two tasks say little about its case (on build B's demo a note
+retired on its own tasks was then missed on refunds a few units away from them). The same tasks
+are also played with the memory the runtime would recall for them, so the report shows success
+with and without memory. Decisions are saved before any retirement, and an item that is already
+retired is left alone, so a rerun after a crash retires nothing twice.
 """
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,10 +24,13 @@ from evolve.simulator.ledger import task_of
 KINDS = ("task_experience", "tool_knowledge", "strategy")  # about the policy's competence
 
 
-def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
-    """Live items of the tenants with the tasks of their provenance trajectories."""
+def candidates(mem, tenants: set[str], per_item: int, neighbours: int = 0, seed: int = 0) -> list[dict[str, Any]]:
+    """Live items of the tenants with the tasks of their provenance trajectories, each followed by
+    `neighbours` tasks like it (same request, rules and split; facts moved a little)."""
+    from dynamic_bench.tasks import neighbour_tasks
     from memory.models import NotFound
 
+    rng = random.Random(f"consolidate-neighbours/{seed}")
     out = []
     for tenant in sorted(tenants):
         for it in mem.items(tenant, statuses=("candidate", "validated")):
@@ -38,7 +46,8 @@ def candidates(mem, tenants: set[str], per_item: int) -> list[dict[str, Any]]:
                     if t is not None:
                         tasks[t.id] = t
             if tasks:
-                out.append({"item": it, "tasks": list(tasks.values())})
+                near = [n for t in tasks.values() for n in neighbour_tasks(t, rng, neighbours)] if neighbours else []
+                out.append({"item": it, "tasks": list(tasks.values()) + near, "neighbours": len(near)})
     return out
 
 
@@ -51,7 +60,7 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
     if path.exists():
         plan = json.loads(path.read_text())
     else:
-        cands = candidates(mem, tenants, cfg.consolidate_tasks)
+        cands = candidates(mem, tenants, cfg.consolidate_tasks, cfg.consolidate_neighbours, cfg.seed)
         uniq = {(c["item"].tenant, t.id): t for c in cands for t in c["tasks"]}
         keys = list(uniq)
         tasks = [uniq[k] for k in keys]
@@ -68,7 +77,8 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
             ids = [t.id for t in c["tasks"]]
             wins = sum(ok[(c["item"].tenant, i)] for i in ids)
             decisions.append({"item_id": c["item"].id, "tenant": c["item"].tenant, "kind": c["item"].kind,
-                              "text": c["item"].text, "tasks": ids, "successes_without_memory": wins,
+                              "text": c["item"].text, "tasks": ids, "neighbours": c["neighbours"],
+                              "successes_without_memory": wins,
                               "retire": wins == len(ids)})
         plan = {"version": version, "decisions": decisions, "n_tasks": len(tasks),
                 "success_without_memory": sum(res["without"]) / max(1, len(tasks)),
@@ -82,7 +92,8 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
         it = mem.get(d["item_id"], d["tenant"])
         if it.status in ("candidate", "validated"):
             mem.retire(d["item_id"], f"handled without memory by policy {version}: "
-                                     f"{d['successes_without_memory']}/{len(d['tasks'])} of its tasks succeeded",
+                                     f"{d['successes_without_memory']}/{len(d['tasks'])} of its tasks"
+                                     f"{' and their neighbours' if d.get('neighbours') else ''} succeeded",
                        tenant=d["tenant"])
             retired += 1
     return {"items_considered": len(plan["decisions"]), "retired": sum(d["retire"] for d in plan["decisions"]),

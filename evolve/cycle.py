@@ -72,6 +72,8 @@ class CycleConfig:
     min_improvement: float = 0.0
     # consolidation
     consolidate_tasks: int = 4          # tasks per memory item when testing "handled without memory"
+    consolidate_neighbours: int = 0     # per such task, so many tasks with its facts moved a little, also
+                                        # to be solved without memory before the item is retired
     dry_run: bool = False
 
     def gate_config(self) -> GateConfig:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from evolve.consolidation import KINDS, consolidate
+from evolve.consolidation import KINDS, candidates, consolidate
 from evolve.cycle import CycleConfig
 from evolve.mining import mine_items
 
@@ -45,5 +45,44 @@ def test_consolidation_retires_only_items_the_policy_handles(competent, data_dir
         again = consolidate(cfg, mem, None, "base", tmp_path, {"acme"})
         assert again["retired_now"] == 0 and again["retired"] == len(retired)
         assert 0.0 <= out["success_without_memory"] <= 1.0 and 0.0 <= out["success_with_memory"] <= 1.0
+    finally:
+        mem.close()
+
+
+def test_each_item_is_judged_on_its_tasks_and_tasks_around_them(tmp_path):
+    from dynamic_bench import generate_tasks
+    from dynamic_bench.schema import Trajectory
+    from memory import MemoryService
+    from memory.models import Provenance
+
+    mem = MemoryService(tmp_path / "memory")
+    try:
+        tasks = generate_tasks("retail", 3, seed=4, split="train")
+        trajs = [Trajectory(task_id=t.id, tenant="acme", outcome="success", reward=1.0,
+                            metadata={"world": {"world": "driftbench/retail-v1", "task_json": t.model_dump_json()}})
+                 for t in tasks]
+        for t in trajs:
+            mem.record_trajectory(t)
+        mem.add("acme", "refunds over 150 must be escalated", kind="task_experience",
+                provenance=[Provenance(trajectory_id=trajs[0].id), Provenance(trajectory_id=trajs[1].id)])
+        mem.add("acme", "look the order up before any write", kind="strategy",
+                provenance=[Provenance(trajectory_id=trajs[2].id)])
+        plain = candidates(mem, {"acme"}, 2)
+        near = candidates(mem, {"acme"}, 2, neighbours=3, seed=7)
+        assert sorted(len(c["tasks"]) for c in plain) == [1, 2]
+        assert [c["item"].id for c in near] == [c["item"].id for c in plain]
+        for p, c in zip(plain, near):
+            own, extra = c["tasks"][:len(p["tasks"])], c["tasks"][len(p["tasks"]):]
+            assert p["neighbours"] == 0 and [t.id for t in own] == [t.id for t in p["tasks"]]
+            assert c["neighbours"] == len(extra) == 3 * len(own)
+            for t in extra:  # the same case: request, rules and split of one of the item's tasks, other facts
+                twin = [o for o in own if o.instruction == t.instruction and o.split == t.split
+                        and o.params["rules"] == t.params["rules"]]
+                assert twin and all(o.params["db"] != t.params["db"] for o in twin)
+        again = candidates(mem, {"acme"}, 2, neighbours=3, seed=7)
+        assert [[t.params for t in c["tasks"]] for c in again] == [[t.params for t in c["tasks"]] for c in near]
+        other = candidates(mem, {"acme"}, 2, neighbours=3, seed=8)
+        assert [[t.params for t in c["tasks"]] for c in other] != [[t.params for t in c["tasks"]] for c in near]
+        assert candidates(mem, {"other-tenant"}, 2, neighbours=3) == []
     finally:
         mem.close()
