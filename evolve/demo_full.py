@@ -142,8 +142,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     cons = state.stages["consolidate"]["output"]
     exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
-              "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "gate": gate_out,
-              "arms": table, "new_rules_after_cycle": new_rules, "forgetting_old_rules_points": forgetting,
+              "window": window, "promoted": promoted, "cycle_id": state.cycle_id,
+              "cycle_config": asdict(ccfg), "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules, "forgetting_old_rules_points": forgetting,
               "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
               "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
     write_json(out / "report.json", report)
@@ -163,7 +163,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           md_table(["policy", "success"], [[k, v] for k, v in new_rules.items()]), "",
           f"Forgetting on the old-rule slice (gate, v1 tasks): "
           f"{'n/a' if forgetting is None else f'{forgetting:+.1f} points'}; "
-          f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}.", "",
+          f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}"
+          f" (judged on {cons.get('tasks_evaluated', 0)} tasks played without memory).", "",
           f"Memory distillation (before training): of {exp.get('distill_tasks', 0)} fresh tasks under the latest "
           f"rules, the serving policy solved {exp.get('with_memory', 0)} with memory and {exp.get('without_memory', 0)} "
           f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved"

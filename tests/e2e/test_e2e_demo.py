@@ -35,6 +35,7 @@ def test_demo_tiny_end_to_end(tmp_path):
     assert Path(rep["cycle_report"]).exists()
     # the cycle ran with the setting given on the command line, over the tiny size's 8
     assert rep["config"]["cycle"] == {"distill_tasks": 6}
+    assert rep["cycle_config"]["distill_tasks"] == 6 and rep["cycle_config"]["gate_tasks"] == 4  # tiny's table
     state = json.loads(next((out / "service" / "cycles").glob("cycle-*/state.json")).read_text())
     assert state["stages"]["experience"]["output"]["distill_tasks"] == 6
     assert "curve:" in p.stdout
