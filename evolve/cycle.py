@@ -54,8 +54,9 @@ class CycleConfig:
                                         # little (dynamic_bench.tasks.neighbour_tasks), played the same way;
                                         # their anchors are taken first. With distill_focus, ratio 4 and 4
                                         # here, build B's demo promoted (+15.0, old rules -1.5); with 8 it
-                                        # forgot 9.0 points (rejected). Off by default: one run each, and
-                                        # not yet run on build A, where all off promotes
+                                        # forgot 9.0 points (rejected); on an Intel build (C) 4 forgot 4.5
+                                        # (rejected) and 2 promoted at +3.0 / -1.5. Off by default: one run
+                                        # each, and not yet run on build A, where all off promotes
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
