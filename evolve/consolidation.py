@@ -46,7 +46,7 @@ def candidates(mem, tenants: set[str], per_item: int, neighbours: int = 0, seed:
                     if t is not None:
                         tasks[t.id] = t
             if tasks:
-                near = [n for t in tasks.values() for n in neighbour_tasks(t, rng, neighbours)] if neighbours else []
+                near = [n for t in tasks.values() for n in neighbour_tasks(t, rng, neighbours)]
                 out.append({"item": it, "tasks": list(tasks.values()) + near, "neighbours": len(near)})
     return out
 

@@ -142,8 +142,9 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     cons = state.stages["consolidate"]["output"]
     exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
-              "window": window, "promoted": promoted, "cycle_id": state.cycle_id,
-              "cycle_config": asdict(ccfg), "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules, "forgetting_old_rules_points": forgetting,
+              "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "cycle_config": asdict(ccfg),
+              "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules,
+              "forgetting_old_rules_points": forgetting,
               "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
               "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
     write_json(out / "report.json", report)
