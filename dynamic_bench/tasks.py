@@ -129,18 +129,21 @@ def old_rules_fail(task: Task, older: list[Rules] | None = None) -> bool:
 
 def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25) -> list[Task]:
     """Up to `n` distinct tasks like `task`, each with every whole-number fact of its database moved
-    by up to `spread` of its value (at least 1; a zero stays zero, a positive value stays positive),
-    in the same split, under the same rules and request, their gold answers recomputed.
+    by up to `spread` of its value (at least 1; a zero stays zero, a positive value stays positive)
+    and, with probability 1/2, its customer's tier (a value among `Domain.tiers`) swapped for
+    another, in the same split, under the same rules and request, their gold answers recomputed.
 
     Why: the tasks around a task whose answer a shift changed straddle the threshold that moved. A
     policy taught the new answer from one side only stretches it past where the new rule stops
-    (evolve.distill); its neighbours show both sides."""
+    (evolve.distill); its neighbours show both sides. The tier is a side too: a window that moved
+    for one tier did not move for another, and a candidate shown only the first denied the other's
+    refunds (stop 26: gold refunds on days 20-28)."""
     d, task = get_domain(task.domain), complete_task(task)
     seen, out = {json.dumps(task.params["db"], sort_keys=True)}, []
     for _ in range(20 * n):
         if len(out) == n:
             break
-        params = {**task.params, "db": _nudged(task.params["db"], rng, spread)}
+        params = {**task.params, "db": _nudged(task.params["db"], rng, spread, d.tiers)}
         key = json.dumps(params["db"], sort_keys=True)
         if key in seen or split_of(params) != task.split:
             continue
@@ -151,11 +154,13 @@ def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25
     return out
 
 
-def _nudged(value: Any, rng: random.Random, spread: float) -> Any:
+def _nudged(value: Any, rng: random.Random, spread: float, tiers: tuple[str, ...]) -> Any:
     if isinstance(value, dict):
-        return {k: _nudged(v, rng, spread) for k, v in value.items()}
+        return {k: _nudged(v, rng, spread, tiers) for k, v in value.items()}
     if isinstance(value, list):
-        return [_nudged(v, rng, spread) for v in value]
+        return [_nudged(v, rng, spread, tiers) for v in value]
+    if isinstance(value, str) and value in tiers:
+        return rng.choice([t for t in tiers if t != value]) if rng.random() < 0.5 else value
     if isinstance(value, bool) or not isinstance(value, int) or value == 0:
         return value
     step = max(1, round(spread * abs(value)))

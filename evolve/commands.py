@@ -23,11 +23,12 @@ def cycle(
     tolerance: float = typer.Option(0.03, help="Largest allowed success drop on any other slice."),
     distill_tasks: int = typer.Option(64, help="Fresh tasks played with and without memory; those only memory "
                                                "solves are trained on without it (0: off)."),
-    distill_focus: bool = typer.Option(False, "--distill-focus", help="Train on the decisions memory changed "
-                                       "and anchors' decisions, half of each step's draw (see CycleConfig)."),
-    distill_neighbours: int = typer.Option(0, help="Per task only memory solved, so many tasks with its facts "
+    distill_focus: bool = typer.Option(True, "--distill-focus/--no-distill-focus", help="Train on the decisions "
+                                       "memory changed and anchors' decisions, half of each step's draw (see "
+                                       "CycleConfig)."),
+    distill_neighbours: int = typer.Option(4, help="Per task only memory solved, so many tasks with its facts "
                                                    "moved a little, played the same way (0: off)."),
-    consolidate_neighbours: int = typer.Option(0, help="Per task of a memory item, so many tasks with its facts "
+    consolidate_neighbours: int = typer.Option(4, help="Per task of a memory item, so many tasks with its facts "
                                                        "moved a little, also solved without memory before the "
                                                        "item is retired (0: its own tasks only)."),
     seed: int = typer.Option(0),

@@ -54,7 +54,7 @@ def candidates(mem, tenants: set[str], per_item: int, neighbours: int = 0, seed:
 def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, tenants: set[str],
                 fault: Callable[[], None] = lambda: None) -> dict[str, Any]:
     from evolve.stages import evaluate
-    from runtime.graph import AgentConfig, recall_items
+    from runtime.graph import recalled_notes
 
     path = Path(cycle_dir) / "consolidation.json"
     if path.exists():
@@ -65,9 +65,7 @@ def consolidate(cfg, mem, adapter: str | None, version: str, cycle_dir: Path, te
         keys = list(uniq)
         tasks = [uniq[k] for k in keys]
         # With memory: what the runtime would recall for the task (before anything is retired).
-        recall = AgentConfig()
-        notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
-                 for (tenant, _), t in uniq.items()]
+        notes = recalled_notes(mem, [(tenant, t) for (tenant, _), t in uniq.items()])
         seed = cfg.seed * 11 + 3
         res = evaluate(cfg, [(adapter, version)], {"without": tasks, "with": tasks}, seed=seed,
                        memory={"with": notes})[0] if tasks else {"without": [], "with": []}

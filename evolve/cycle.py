@@ -44,19 +44,22 @@ class CycleConfig:
     experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
     distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
                                         # those only memory solves become SFT rows (evolve.distill)
-    distill_anchor_ratio: float = 2.0   # tasks already solved without memory kept as rows, per distilled task
-    distill_focus: bool = False         # distilled rows from the first action memory changed, anchors from
+    distill_anchor_ratio: float = 4.0   # tasks already solved without memory kept as rows, per distilled task
+    distill_focus: bool = True          # distilled rows from the first action memory changed, anchors from
                                         # their first decision, both filling half of each step's draw
                                         # (TaskPool.sft_focus). Alone (build B's demo, ratio 4) it learned the
                                         # silent shift (gate +11.0 to +12.5 vs -1.0 off) but forgot 3.5-7.5
                                         # points on old rules; see distill_neighbours
-    distill_neighbours: int = 0         # per task only memory solved, so many tasks with its facts moved a
-                                        # little (dynamic_bench.tasks.neighbour_tasks), played the same way;
-                                        # their anchors are taken first. With distill_focus, ratio 4 and 4
-                                        # here, build B's demo promoted (+15.0, old rules -1.5); with 8 it
-                                        # forgot 9.0 points (rejected); on an Intel build (C) 4 forgot 4.5
-                                        # (rejected) and 2 promoted at +3.0 / -1.5. Off by default: one run
-                                        # each, and not yet run on build A, where all off promotes
+    distill_neighbours: int = 4         # per task only memory solved, so many tasks with its facts and tier
+                                        # moved a little (dynamic_bench.tasks.neighbour_tasks), played the
+                                        # same way; their anchors are taken first. These three settings
+                                        # promoted the demo on build B (+15.0, old rules -1.5, numbers moved
+                                        # only) and on build C once the tier moved too (+13.0 / -1.5; numbers
+                                        # only: -4.5, rejected), where focus off, ratio 2, no neighbours was
+                                        # rejected on both (B: -1.0 on the current rules; C: -3.0 on old
+                                        # rules). Seed 1 on C: +15.5 / -3.5, rejected. Not run on build A,
+                                        # where focus off, ratio 2, no neighbours promoted. 8 here: B forgot
+                                        # 9.0 points (rejected)
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
@@ -73,8 +76,10 @@ class CycleConfig:
     min_improvement: float = 0.0
     # consolidation
     consolidate_tasks: int = 4          # tasks per memory item when testing "handled without memory"
-    consolidate_neighbours: int = 0     # per such task, so many tasks with its facts moved a little, also
-                                        # to be solved without memory before the item is retired
+    consolidate_neighbours: int = 4     # per such task, so many tasks with its facts moved a little, also
+                                        # to be solved without memory before the item is retired (build B's
+                                        # promoted demo retired items on their own tasks only, and lost the
+                                        # refunds a retired note had covered)
     dry_run: bool = False
 
     def gate_config(self) -> GateConfig:

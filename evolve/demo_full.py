@@ -6,6 +6,7 @@
     episodes [c, N) over HTTP twice   ─ memory only (a copy of the data folder, no cycle)
                                       ─ memory + evolve (the promoted policy, consolidated memory)
     plus: the promoted policy with no memory on the same post-cycle tasks (in process)
+    plus: every policy, with and without its memory, on fresh tasks under the latest rules (in process)
 """
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from evolve.report import md_table, plot_arms, write_json
 
 TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, RL steps, learning rate, logged rows per step, exploration, gate tasks per
-    # slice, fresh tasks for memory distillation, training held-out tasks per slice
+    # slice, fresh tasks for memory distillation, training held-out tasks per slice, fresh tasks after the cycle
     "tiny": dict(episodes=16, cycle_at=0.5, rl_steps=1, lr=2e-4, experience=16, explore=0.2, gate_tasks=4,
-                 max_turns=4, groups=2, distill=8, heldout=4),
+                 max_turns=4, groups=2, distill=8, heldout=4, after=4),
     "small": dict(episodes=120, cycle_at=0.6, rl_steps=30, lr=5e-4, experience=64, explore=0.05, gate_tasks=200,
-                  max_turns=8, groups=4, distill=256, heldout=24),
+                  max_turns=8, groups=4, distill=256, heldout=24, after=200),
 }
 
 
@@ -122,6 +123,10 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     promoted_no_mem = offline_arm(policy, rec.adapter_path, rec.version, stream.episodes[c:], cfg,
                                   size["max_turns"]) if rec else []
 
+    t = time.time()
+    after = after_cycle(ccfg, state.cycle_id, rec, data, out / "service-memory-only", size["after"])
+    timings["after_cycle_eval_s"] = time.time() - t
+
     pre_s = [float(r["success"]) for r in pre]
     arms = {"static policy": static,
             "memory only": pre_s + [float(r["success"]) for r in post_memory],
@@ -143,7 +148,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
               "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "cycle_config": asdict(ccfg),
-              "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules,
+              "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules, "after_cycle_fresh_tasks": after,
               "forgetting_old_rules_points": forgetting,
               "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
               "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
@@ -162,6 +167,12 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           "recovered.", "",
           "## After the cycle: success on the new rules (episodes after the cycle)", "",
           md_table(["policy", "success"], [[k, v] for k, v in new_rules.items()]), "",
+          f"The same policies on {after['tasks']} fresh test tasks under the latest rules (same tasks and seeds; "
+          "each memory as it stands at the end of the stream):", "",
+          md_table(["policy", "success"], [[k, v] for k, v in after["success"].items()]), "",
+          f"Candidate without memory vs memory only, paired: {after['paired']['delta']:+.3f} "
+          f"({after['paired']['wins']} wins / {after['paired']['losses']} losses, 95% CI "
+          f"[{after['paired']['ci_low']:+.3f}, {after['paired']['ci_high']:+.3f}]).", "",
           f"Forgetting on the old-rule slice (gate, v1 tasks): "
           f"{'n/a' if forgetting is None else f'{forgetting:+.1f} points'}; "
           f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}"
@@ -179,6 +190,44 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     (out / "report.md").write_text("\n".join(md))
     report["summary_text"] = "\n".join(md[:14]) + f"\ncurve: {png}\nreport: {out / 'report.md'}"
     return report
+
+
+def after_cycle(ccfg, cycle_id: str, candidate, data: Path, memory_only: Path, n: int) -> dict[str, Any]:
+    """Success on `n` fresh test tasks under the latest rules as users meet them, all on the same
+    tasks and env seeds: the candidate and the cold-start policy without memory, and each memory
+    arm's serving policy with its memory as it stands at the end of the stream; the candidate
+    without memory against the memory arm as a paired comparison (`evolve.gate.paired_compare`).
+    Why: the stream's post-cycle episodes are few (48 in the small demo: about ±6 points), too
+    few to tell the two apart."""
+    from evolve.gate import GateConfig, paired_compare
+    from evolve.stages import evaluate, gate_slices
+    from memory import MemoryService
+    from runtime.graph import recalled_notes
+    from runtime.policy_registry import PolicyRegistry
+
+    contexts = json.loads((data / "cycles" / cycle_id / "experience" / "contexts.json").read_text())
+    tasks = gate_slices(ccfg, contexts, n, purpose="after-the-cycle")["current"]
+    tenant = TOKENS.split("=")[1]
+    serving = PolicyRegistry(data).current()
+    seed = ccfg.seed * 17 + 9
+
+    def with_memory(policy: tuple[str | None, str], folder: Path) -> list[int]:
+        mem = MemoryService(folder / "memory")
+        try:
+            notes = recalled_notes(mem, [(tenant, t) for t in tasks])
+        finally:
+            mem.close()
+        return evaluate(ccfg, [policy], {"s": tasks}, seed, memory={"s": notes})[0]["s"]
+
+    cand = (candidate.adapter_path, candidate.version) if candidate else (None, "base")
+    bare_cand, bare_base = (r["s"] for r in evaluate(ccfg, [cand, (None, "base")], {"s": tasks}, seed))
+    mem_only = with_memory((None, "base"), memory_only)
+    mem_evolve = with_memory((serving.adapter_path, serving.version) if serving else (None, "base"), data)
+    outcomes = {"candidate, no memory": bare_cand, "cold-start policy, no memory": bare_base,
+                "memory only (cold-start + memory)": mem_only, "memory + evolve (serving policy + memory)": mem_evolve}
+    paired = paired_compare("candidate no memory vs memory only", bare_cand, mem_only, GateConfig(seed=ccfg.seed))
+    return {"tasks": len(tasks), "success": {k: _mean(v) for k, v in outcomes.items()}, "paired": asdict(paired),
+            "outcomes": outcomes}
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -42,7 +42,7 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     """SFT rows (`prompt_token_ids` without memory, `completion_token_ids`) from the tasks the serving
     `policy` (adapter, version) solves only with memory, and the counts behind them."""
     from evolve.stages import base_policy
-    from runtime.graph import AgentConfig, recall_items
+    from runtime.graph import recalled_notes
     from training.engines import make_engine
     from training.rollout import RolloutConfig, rollout
 
@@ -54,16 +54,14 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
                              "outcomes": []}
     if not tasks:
         return [], stats
-    recall = AgentConfig()
     engine = make_engine(f"torch:{base_policy(cfg)}", seed=cfg.seed)
     rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=cfg.seed * 13 + 5)
 
     def play(pairs: list) -> tuple[list, list]:
         """Each task greedily with its tenant's recalled memory, and without."""
-        notes = [[h.item.text for h in recall_items(mem, tenant, t.instruction, [t.instruction], recall)]
-                 for tenant, t in pairs]
         ts = [t for _, t in pairs]
-        return rollout(engine, engine.tokenizer, ts, rc, memory=notes), rollout(engine, engine.tokenizer, ts, rc)
+        return (rollout(engine, engine.tokenizer, ts, rc, memory=recalled_notes(mem, pairs)),
+                rollout(engine, engine.tokenizer, ts, rc))
 
     try:
         engine.load_adapter(*policy)

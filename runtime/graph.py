@@ -95,6 +95,14 @@ def recall_items(memory: Any, tenant: str, instruction: str, user_texts: list[st
     return [h for h in hits if applies_to(h.item.payload, kind_of_request)][:cfg.recall_k]
 
 
+def recalled_notes(memory: Any, requests: list[tuple[str, Any]], cfg: AgentConfig | None = None) -> list[list[str]]:
+    """For each (tenant, task), the memory texts the served agent would be shown at the task's
+    opening request (`recall_items`): what offline evaluation shows a policy as its memory."""
+    cfg = cfg or AgentConfig()
+    return [[h.item.text for h in recall_items(memory, tenant, t.instruction, [t.instruction], cfg)]
+            for tenant, t in requests]
+
+
 @dataclass
 class AgentDeps:
     runner: Any                    # runtime.engine_runner.EngineRunner

@@ -1,4 +1,5 @@
 """Domains: rules as code agree with the policy text and the gold solution; tasks and splits; personas."""
+import json
 import random
 from collections import Counter
 
@@ -83,18 +84,34 @@ def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_sam
                 out[path + k] = v
         return out
 
+    def tiers(db: dict, path: str = "") -> dict[str, str]:
+        out = {}
+        for k, v in db.items():
+            if isinstance(v, dict):
+                out |= tiers(v, f"{path}{k}.")
+            elif v in d.tiers:
+                out[path + k] = v
+        return out
+
     d = get_domain(name)
-    moved = Counter()
+    moved, tier_kept, tier_swapped = Counter(), 0, 0
     for split in ("train", "test"):
         for task in generate_tasks(name, 20, 3, split, rule_version=2):
             near = neighbour_tasks(task, random.Random(task.id), 6)
-            if not any(numbers(task.params["db"]).values()):  # nothing to move: a zero stays zero
-                assert near == []
+            if not any(numbers(task.params["db"]).values()):  # no number to move (a zero stays zero) ...
+                assert len(near) <= len(d.tiers) - 1  # ... so only the tier differs
+                assert all(numbers(t.params["db"]) == numbers(task.params["db"]) and
+                           tiers(t.params["db"]) != tiers(task.params["db"]) for t in near)
                 continue
             assert 0 < len(near) <= 6 and len({t.id for t in near} | {task.id}) == len(near) + 1
-            dbs = [numbers(t.params["db"]) for t in near]
-            assert len({tuple(sorted(x.items())) for x in dbs}) == len(near)  # distinct facts ...
-            assert numbers(task.params["db"]) not in dbs  # ... none the original's
+            facts_of = [(numbers(t.params["db"]), tiers(t.params["db"])) for t in near]
+            assert len({json.dumps(x, sort_keys=True) for x in facts_of}) == len(near)  # distinct facts ...
+            assert (numbers(task.params["db"]), tiers(task.params["db"])) not in facts_of  # ... none the original's
+            dbs = [n for n, _ in facts_of]
+            for _, t in facts_of:  # the tier: kept, or swapped for another of the domain's tiers
+                assert t.keys() == tiers(task.params["db"]).keys() and len(t) == 1
+                tier_kept += t == tiers(task.params["db"])
+                tier_swapped += t != tiers(task.params["db"])
             for t, facts in zip(near, dbs):
                 assert t.split == split_of(t.params) == split and t.instruction == task.instruction
                 assert {k: v for k, v in t.params.items() if k != "db"} == \
@@ -106,6 +123,7 @@ def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_sam
                     moved[k] += facts[k] != v
             assert neighbour_tasks(task, random.Random(task.id), 6) == near  # seeded
     assert all(moved.values())  # every fact is moved somewhere
+    assert min(tier_kept, tier_swapped) > (tier_kept + tier_swapped) // 4  # about half each
     # around tasks whose answer the shift changed, some neighbours get another answer, and some one
     # that did not change (what a policy taught the new rule must still do)
     changed = [t for t in generate_tasks(name, 400, 0, rule_version=2)

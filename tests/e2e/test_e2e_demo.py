@@ -38,4 +38,10 @@ def test_demo_tiny_end_to_end(tmp_path):
     assert rep["cycle_config"]["distill_tasks"] == 6 and rep["cycle_config"]["gate_tasks"] == 4  # tiny's table
     state = json.loads(next((out / "service" / "cycles").glob("cycle-*/state.json")).read_text())
     assert state["stages"]["experience"]["output"]["distill_tasks"] == 6
+    # after the cycle, every policy on the same fresh tasks under the latest rules, tiny's 4
+    after = rep["after_cycle_fresh_tasks"]
+    assert after["tasks"] == 4 and all(len(v) == 4 for v in after["outcomes"].values())
+    assert after["paired"]["n"] == 4 and after["paired"]["delta"] == pytest.approx(
+        after["success"]["candidate, no memory"] - after["success"]["memory only (cold-start + memory)"])
+    assert "fresh test tasks under the latest rules" in (out / "report.md").read_text()
     assert "curve:" in p.stdout

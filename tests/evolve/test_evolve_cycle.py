@@ -266,3 +266,16 @@ def test_demo_cycle_settings_are_parsed_and_checked(tmp_path):
     r = CliRunner().invoke(app, ["demo", "--out", str(out), "--cycle-set", "distill_focus=maybe"])
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.output).split())  # typer draws the message in a box
     assert r.exit_code == 2 and "distill_focus takes a bool" in text and not out.exists()
+
+
+def test_cycle_command_defaults_are_the_config_defaults():
+    """`evolve cycle`'s options start where CycleConfig does, so the CLI and the library run one cycle."""
+    import inspect
+
+    from evolve.commands import cycle
+
+    defaults = CycleConfig()
+    options = {k: p.default.default for k, p in inspect.signature(cycle).parameters.items()}
+    shared = {k: str(v) if k == "data_dir" else v for k, v in options.items() if hasattr(defaults, k)}
+    assert {"distill_focus", "distill_neighbours", "consolidate_neighbours", "gate_tasks", "rl_steps"} <= set(shared)
+    assert shared == {k: getattr(defaults, k) for k in shared}
