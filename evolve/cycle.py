@@ -52,14 +52,12 @@ class CycleConfig:
                                         # points on old rules; see distill_neighbours
     distill_neighbours: int = 4         # per task only memory solved, so many tasks with its facts and tier
                                         # moved a little (dynamic_bench.tasks.neighbour_tasks), played the
-                                        # same way; their anchors are taken first. These three settings
-                                        # promoted the demo on build B (+15.0, old rules -1.5, numbers moved
-                                        # only) and on build C once the tier moved too (+13.0 / -1.5; numbers
-                                        # only: -4.5, rejected), where focus off, ratio 2, no neighbours was
-                                        # rejected on both (B: -1.0 on the current rules; C: -3.0 on old
-                                        # rules). Seed 1 on C: +15.5 / -3.5, rejected. Not run on build A,
-                                        # where focus off, ratio 2, no neighbours promoted. 8 here: B forgot
-                                        # 9.0 points (rejected)
+                                        # same way; their anchors are taken first. With focus and ratio 4 the
+                                        # demo promoted on build B (+15.0, old rules -1.5, numbers moved only)
+                                        # and, on build C, at seeds 0 and 2 of 0-2: old-rule forgetting 1.5 /
+                                        # 3.5 / 2.0 points where focus off, ratio 2, no neighbours forgot 3.0 /
+                                        # 7.0 / 6.0 and promoted none (B: -1.0 on the current rules). Not run
+                                        # on build A, where that older setting promoted. 8 here: B forgot 9.0
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
