@@ -199,7 +199,7 @@ def after_cycle(ccfg, cycle_id: str, candidate, data: Path, memory_only: Path, n
     without memory against the memory arm as a paired comparison (`evolve.gate.paired_compare`).
     Why: the stream's post-cycle episodes are few (48 in the small demo: about ±6 points), too
     few to tell the two apart."""
-    from evolve.gate import GateConfig, paired_compare
+    from evolve.gate import paired_compare
     from evolve.stages import evaluate, gate_slices
     from memory import MemoryService
     from runtime.graph import recalled_notes
@@ -225,7 +225,7 @@ def after_cycle(ccfg, cycle_id: str, candidate, data: Path, memory_only: Path, n
     mem_evolve = with_memory((serving.adapter_path, serving.version) if serving else (None, "base"), data)
     outcomes = {"candidate, no memory": bare_cand, "cold-start policy, no memory": bare_base,
                 "memory only (cold-start + memory)": mem_only, "memory + evolve (serving policy + memory)": mem_evolve}
-    paired = paired_compare("candidate no memory vs memory only", bare_cand, mem_only, GateConfig(seed=ccfg.seed))
+    paired = paired_compare("candidate no memory vs memory only", bare_cand, mem_only, ccfg.gate_config())
     return {"tasks": len(tasks), "success": {k: _mean(v) for k, v in outcomes.items()}, "paired": asdict(paired),
             "outcomes": outcomes}
 

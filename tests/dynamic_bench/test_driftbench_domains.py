@@ -75,23 +75,21 @@ def test_splits_are_disjoint_by_facts_and_seeded(name):
 def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_same_rules(name):
     from dynamic_bench.tasks import neighbour_tasks, split_of
 
-    def numbers(db: dict, path: str = "") -> dict[str, int]:
+    def leaves(db: dict, keep, path: str = "") -> dict[str, object]:
+        """The database's leaf values that `keep` accepts, by dotted path."""
         out = {}
         for k, v in db.items():
             if isinstance(v, dict):
-                out |= numbers(v, f"{path}{k}.")
-            elif isinstance(v, int) and not isinstance(v, bool):
+                out |= leaves(v, keep, f"{path}{k}.")
+            elif keep(v):
                 out[path + k] = v
         return out
 
-    def tiers(db: dict, path: str = "") -> dict[str, str]:
-        out = {}
-        for k, v in db.items():
-            if isinstance(v, dict):
-                out |= tiers(v, f"{path}{k}.")
-            elif v in d.tiers:
-                out[path + k] = v
-        return out
+    def numbers(db: dict) -> dict[str, int]:
+        return leaves(db, lambda v: isinstance(v, int) and not isinstance(v, bool))
+
+    def tiers(db: dict) -> dict[str, str]:
+        return leaves(db, lambda v: v in d.tiers)
 
     d = get_domain(name)
     moved, tier_kept, tier_swapped = Counter(), 0, 0
