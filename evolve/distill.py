@@ -80,12 +80,12 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     for i, o in enumerate(stats["outcomes"]):
         if i < stats["neighbour_tasks"]:
             o["neighbour"] = True
-            stats["neighbours_only_memory_solved"] += o["with_memory"] and not o["without_memory"]
+            stats["neighbours_only_memory_solved"] += only_memory_solved(o)
             stats["neighbours_solved_without_memory"] += o["without_memory"]
             continue
         stats["with_memory"] += o["with_memory"]
         stats["without_memory"] += o["without_memory"]
-        stats["memory_made_the_difference"] += o["with_memory"] and not o["without_memory"]
+        stats["memory_made_the_difference"] += only_memory_solved(o)
     stats["anchor_rows"] = sum(bool(r.get("anchor")) for r in rows)
     stats["distilled_rows"] = len(rows) - stats["anchor_rows"]
     return rows, stats
@@ -98,7 +98,7 @@ def neighbours_of_distilled(tasks: list[tuple[str, Any]], with_memory: list, bar
 
     rng = random.Random(f"distill-neighbours/{seed}")
     return [(tenant, near) for (tenant, t), w, b in zip(tasks, with_memory, bare, strict=True)
-            if w.outcome == "success" and b.outcome != "success" for near in neighbour_tasks(t, rng, k)]
+            if only_memory_solved(outcome(w, b)) for near in neighbour_tasks(t, rng, k)]
 
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,
@@ -119,18 +119,28 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
 
     rows, anchors, outcomes = [], [], []
     for i, (w, b) in enumerate(zip(with_memory, bare, strict=True)):
-        ok = {"with_memory": int(w.outcome == "success"), "without_memory": int(b.outcome == "success")}
+        ok = outcome(w, b)
         outcomes.append({"task_id": w.task_id, **ok})
         if ok["without_memory"]:
             anchors.append((b.task_id, b.steps[first_decision(b, reads[i]):] if reads else b.steps))
-        if not ok["with_memory"] or ok["without_memory"]:
+        if not only_memory_solved(ok):
             continue
         rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
                  for s in w.steps[first_divergence(w, b) if reads else 0:] if s.completion_token_ids]
-    n_distilled = sum(o["with_memory"] and not o["without_memory"] for o in outcomes)
+    n_distilled = sum(only_memory_solved(o) for o in outcomes)
     for task_id, steps in anchors[:round(anchor_ratio * n_distilled)]:
         rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True} for s in steps if s.completion_token_ids]
     return rows, outcomes
+
+
+def outcome(with_memory, bare) -> dict[str, int]:
+    """One task's two greedy runs as {"with_memory": 0/1, "without_memory": 0/1}."""
+    return {"with_memory": int(with_memory.outcome == "success"), "without_memory": int(bare.outcome == "success")}
+
+
+def only_memory_solved(o: dict[str, int]) -> bool:
+    """The task distillation learns from: solved with memory, failed without."""
+    return bool(o["with_memory"] and not o["without_memory"])
 
 
 def read_tools(domain: str, task) -> set[str]:
