@@ -172,30 +172,3 @@ def test_online_notes_are_the_mined_items_without_ids(tmp_path):
         assert inferred.provenance[0].source == "agent"  # a generalisation: outcomes may invalidate it
     finally:
         svc.close()
-
-
-def test_a_strategy_is_mined_only_where_one_path_holds_for_the_kind_of_request():
-    """Successes that took different paths, or a path that also failed, give no strategy: the facts
-    decide the path there (a refund inside the window vs outside it)."""
-    from memory.feedback_notes import template
-
-    task = _task(2)
-    reads = [('get_order {"order_id":"O-3"}', "order ..."), ('reply {"text":"no"}', "reply sent")]
-    exchange = [reads[0], ('exchange {"order_id":"O-3"}', "approved; done"), ('reply {"text":"ok"}', "reply sent")]
-    ok = [(1, "approve", {"proposed": "x"})]
-
-    def strategies(log):
-        return [s for s in mine_items(log, "cycle-y") if s["kind"] == "strategy"]
-
-    agree = strategies([_traj(task, exchange, ok, "success"), _traj(task, exchange, ok, "success")])
-    assert len(agree) == 1 and agree[0]["payload"]["support"] == 2
-    assert agree[0]["payload"]["sequence"] == ["get_order", "exchange", "reply"]
-    assert agree[0]["payload"]["template"] == template(task.instruction)
-    assert strategies([_traj(task, exchange, ok, "success"), _traj(task, reads, [], "success")]) == []
-    assert strategies([_traj(task, reads, [], "success"), _traj(task, reads, [], "failure")]) == []
-    corrected = [(1, "edit", {"proposed": "x", "action": 'exchange {"order_id":"O-3"}'})]
-    assert strategies([_traj(task, reads, [], "success"), _traj(task, reads, corrected, "success")]) == []
-    # other kinds of request do not count against this one
-    other = _traj(_task(0), reads, [], "failure")
-    assert template(_task(0).instruction) != template(task.instruction)
-    assert len(strategies([_traj(task, reads, [], "success"), other])) == 1
