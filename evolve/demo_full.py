@@ -143,7 +143,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                   "memory + evolve (nothing promoted: cold-start + the cycle's memory)"): _mean(arms["memory + evolve"][c:])}
     gate_slices = (gate_out.get("gate") or {}).get("slices", {})
     old = gate_slices.get("old_rules")
-    forgetting = round((old["current"] - old["candidate"]) * 100, 2) if old else None  # no float noise (3.0000000000000027)
+    forgetting = round(-old["delta"] * 100, 2) if old else None  # the gate's paired delta; no float noise
     cons = state.stages["consolidate"]["output"]
     exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
