@@ -58,6 +58,10 @@ class CycleConfig:
                                         # 3.5 / 2.0 points where focus off, ratio 2, no neighbours forgot 3.0 /
                                         # 7.0 / 6.0 and promoted none (B: -1.0 on the current rules). Not run
                                         # on build A, where that older setting promoted. 8 here: B forgot 9.0
+    memory_rl_tasks: int = 0            # distillation tasks the policy failed with memory recalled, put in the
+                                        # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
+                                        # Off until measured on the demo (for target 4: memory + evolve above
+                                        # memory only); the demo takes --cycle-set memory_rl_tasks=32
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a

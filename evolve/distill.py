@@ -12,6 +12,8 @@ memory item teaches nothing. Tasks come from the train split (the gate draws fro
 tenant's tasks are played with that tenant's memory only. With `CycleConfig.distill_neighbours`,
 each task only memory solved brings tasks whose facts lie around its own (`neighbour_tasks`), played
 the same way: they straddle the threshold the shift moved, so the rows show where the new rule stops.
+The tasks memory was recalled for and still failed go to RL with their notes shown
+(`unsolved_with_memory`, `CycleConfig.memory_rl_tasks`).
 """
 from __future__ import annotations
 
@@ -57,24 +59,25 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     engine = make_engine(f"torch:{base_policy(cfg)}", seed=cfg.seed)
     rc = RolloutConfig(temperature=0.0, max_steps=cfg.max_turns, seed=cfg.seed * 13 + 5)
 
-    def play(pairs: list) -> tuple[list, list]:
-        """Each task greedily with its tenant's recalled memory, and without."""
-        ts = [t for _, t in pairs]
-        return (rollout(engine, engine.tokenizer, ts, rc, memory=recalled_notes(mem, pairs)),
-                rollout(engine, engine.tokenizer, ts, rc))
+    def play(pairs: list) -> tuple[list, list, list]:
+        """Each task's recalled notes, and the task played greedily with them and without."""
+        notes, ts = recalled_notes(mem, pairs), [t for _, t in pairs]
+        return notes, rollout(engine, engine.tokenizer, ts, rc, memory=notes), rollout(engine, engine.tokenizer, ts, rc)
 
     try:
         engine.load_adapter(*policy)
-        with_mem, bare = play(tasks)
+        notes, with_mem, bare = play(tasks)
         if cfg.distill_neighbours:  # listed first, so their anchors are the first taken
             near = neighbours_of_distilled(tasks, with_mem, bare, cfg.distill_neighbours, cfg.seed)
-            near_with, near_bare = play(near) if near else ([], [])
-            tasks, with_mem, bare = near + tasks, near_with + with_mem, near_bare + bare
+            near_notes, near_with, near_bare = play(near) if near else ([], [], [])
+            tasks, notes = near + tasks, near_notes + notes
+            with_mem, bare = near_with + with_mem, near_bare + bare
             stats["neighbour_tasks"] = len(near)
         tok = engine.tokenizer
     finally:
         engine.close()
     tasks = [t for _, t in tasks]
+    stats["memory_rl"] = unsolved_with_memory(tasks, notes, with_mem, cfg.memory_rl_tasks, cfg.seed)
     reads = [read_tools(cfg.domain, t) for t in tasks] if cfg.distill_focus else None
     rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads)
     for i, o in enumerate(stats["outcomes"]):
@@ -131,6 +134,18 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
     for task_id, steps in anchors[:round(anchor_ratio * n_distilled)]:
         rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True} for s in steps if s.completion_token_ids]
     return rows, outcomes
+
+
+def unsolved_with_memory(tasks: list, notes: list[list[str]], with_memory: list, k: int, seed: int) -> list[dict]:
+    """Up to `k` tasks the policy failed although memory was recalled for them, each with those
+    notes ({"task": json, "memory": notes}): RL tasks played with the notes shown (`TaskPool.memory`).
+    Why: distillation learns only what memory already got right; after build C's seed-0 demo
+    cycle, the six stream episodes both memory arms lost were rule compositions their recalled
+    notes stated (refund above the escalation threshold, gold window, coupon) and that neither
+    policy applied with the notes in its prompt. Reward on such tasks, notes shown, teaches that."""
+    found = [{"task": t.model_dump(mode="json"), "memory": list(n)}
+             for t, n, w in zip(tasks, notes, with_memory, strict=True) if n and w.outcome != "success"]
+    return found if len(found) <= k else random.Random(f"memory-rl/{seed}").sample(found, k)
 
 
 def outcome(with_memory, bare) -> dict[str, int]:

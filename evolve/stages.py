@@ -148,7 +148,6 @@ def experience(ctx: CycleContext) -> dict:
     rows = [{"task": r["task"].model_dump(mode="json"), "learning_value": r["learning_value"], "replay": False}
             for r in pool] + [{"task": t.model_dump(mode="json"), "learning_value": None, "replay": True}
                               for t in replay]
-    _write_jsonl(out / "tasks.jsonl", rows)
     write_json(out / "contexts.json", contexts)
     distilled = {}
     if cfg.distill_tasks and learnable and not cfg.corrupt_rewards:
@@ -160,6 +159,10 @@ def experience(ctx: CycleContext) -> dict:
         drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving, cfg.distill_tasks)
         _write_jsonl(out / "distilled.jsonl", drows)
         write_json(out / "distill_outcomes.json", distilled.pop("outcomes"))
+        memory_rl = distilled.pop("memory_rl")  # RL tasks played with memory shown
+        rows += [{**r, "learning_value": None, "replay": False} for r in memory_rl]
+        distilled["memory_rl_tasks"] = len(memory_rl)
+    _write_jsonl(out / "tasks.jsonl", rows)
     ctx.fault_point("experience")
     return {**distilled, "sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
             "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
@@ -211,9 +214,12 @@ def train(ctx: CycleContext) -> dict:
     pool = TaskPool()
     for r in rows:
         t = Task.model_validate(r["task"])
-        pool.tasks[t.id] = t
+        key = f"{t.id}/memory" if r.get("memory") else t.id  # a task may also be in the pool bare
+        pool.tasks[key] = t
         if r["replay"]:
-            pool.replay.add(t.id)
+            pool.replay.add(key)
+        if r.get("memory"):  # played with these notes shown (evolve.distill.unsolved_with_memory)
+            pool.memory[key] = r["memory"]
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
         pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(ctx.dir / "experience", base,
@@ -252,6 +258,7 @@ def train(ctx: CycleContext) -> dict:
             "logged_sft_rows": len(pool.sft_rows), "distilled_focus_rows": len(pool.sft_focus),
             "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
+            "memory_rl_tasks": len(pool.memory),
             "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 
 
@@ -417,6 +424,7 @@ def plan(cfg: CycleConfig) -> dict:
             "examples": [s["text"] for s in specs[:8]],
             "experience": {k: len(v) for k, v in exp.items()}, "rule_contexts": len(rule_contexts(trajs)),
             "serving": PolicyRegistry(data).current_version(),
-            "would_distill": f"{cfg.distill_tasks} fresh tasks played with and without memory" if trajs else "nothing",
+            "would_distill": f"{cfg.distill_tasks} fresh tasks played with and without memory; up to "
+                             f"{cfg.memory_rl_tasks} failed with memory go to RL with it shown" if trajs else "nothing",
             "would_train": f"{cfg.rl_steps} RL steps from the {cfg.preset} cold-start policy" if trajs else "nothing",
             "would_gate": f"{cfg.gate_tasks} tasks per slice, alpha {cfg.alpha}, tolerance {cfg.tolerance}"}

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
     base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
                 groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, train_heldout_tasks=4,
-                seed=0)
+                memory_rl_tasks=4, seed=0)
     return CycleConfig(**{**base, **kw})
 
 
@@ -81,6 +81,10 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     exp = state.stages["experience"]["output"]
     assert exp["distill_tasks"] == 8 and exp["distilled_rows"] + exp["anchor_rows"] == len(
         (d / "cycles" / state.cycle_id / "experience" / "distilled.jsonl").read_text().splitlines())
+    tasks = [json.loads(x) for x in (d / "cycles" / state.cycle_id / "experience" / "tasks.jsonl").read_text().splitlines()]
+    shown = [r for r in tasks if r.get("memory")]  # failed with memory recalled: RL plays them with it shown
+    assert 0 < len(shown) == exp["memory_rl_tasks"] == state.stages["train"]["output"]["memory_rl_tasks"]
+    assert not any(r["replay"] for r in shown)
     assert state.outcome in ("promoted", "rejected")
     folder = d / "cycles" / state.cycle_id
     for f in ("report.md", "report.json", "report.png", "state.json", "gate_eval.json"):

@@ -144,6 +144,29 @@ def test_async_run_respects_the_staleness_bound(drift_policy, tmp_path, deny_poo
     assert max(lags) == 1 or sum(r["stale_rejected"] for r in rows) > 0
 
 
+def test_a_pool_tasks_memory_notes_are_shown_when_it_is_played(drift_policy, tmp_path, deny_pool):
+    """`TaskPool.memory`: the worker shows a task's notes in its prompts as the runtime shows recalled
+    memory (the cycle's RL on tasks the policy failed with memory), and only for that task."""
+    from training.policy import load_tokenizer
+    from training.rl.async_rl import WorkOrder
+    from training.rl.runner import EpisodeRunnerFactory
+
+    notes = ["Refund window changed: refunds are allowed up to 45 days after delivery."]
+    tid, task = next(iter(deny_pool.tasks.items()))
+    runner = EpisodeRunnerFactory(model=drift_policy, max_turns=2, max_new_tokens=8)(0)
+    shown = runner.run(WorkOrder(1, tid, 2, seed=3, payload={"task": task, "memory": notes}))
+    bare = runner.run(WorkOrder(2, tid, 2, seed=3, payload={"task": task}))
+    tok = load_tokenizer(drift_policy)
+    assert [t.metadata["memory"] for t in shown] == [notes, notes] and [t.metadata["memory"] for t in bare] == [[], []]
+    assert all(notes[0] in tok.decode(t.steps[0].prompt_token_ids) for t in shown)
+    assert not any(notes[0] in tok.decode(t.steps[0].prompt_token_ids) for t in bare)
+    # through train_rl: the same seeded run differs once the pool's tasks carry notes
+    _run(_cfg(drift_policy, tmp_path / "bare", steps=2, checkpoint_every=20), deny_pool)
+    with_notes = dataclasses.replace(deny_pool, memory={k: notes for k in deny_pool.tasks})
+    _run(_cfg(drift_policy, tmp_path / "notes", steps=2, checkpoint_every=20), with_notes)
+    assert _trace(tmp_path / "notes") != _trace(tmp_path / "bare")
+
+
 def test_config_is_validated(drift_policy, tmp_path, deny_pool):
     with pytest.raises(ValueError):
         train_rl(RLConfig(out_dir=str(tmp_path)))

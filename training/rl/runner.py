@@ -109,8 +109,9 @@ class EpisodeRunner:
         if hasattr(self.engine, "reseed"):
             self.engine.reseed(order.seed)
         before = dict(self.explorer.stats) if self.explorer else {}
+        notes = order.payload.get("memory")
         trajs = rollout_tasks(self.engine, self.tokenizer, [order.payload["task"]], order.seed, self.spec,
-                              group_size=order.group_size)
+                              group_size=order.group_size, memory=[notes] if notes else None)
         if self.explorer:  # how many turns of this group were substituted (diagnostics)
             for t in trajs:
                 t.metadata["group_explored_turns"] = self.explorer.stats["explored"] - before["explored"]
@@ -119,14 +120,16 @@ class EpisodeRunner:
 
 
 def rollout_tasks(engine: Engine, tokenizer: Any, tasks: Sequence[Task], seed: int, spec: EpisodeRunnerFactory,
-                  group_size: int = 1, temperature: float | None = None) -> list[Trajectory]:
-    """`training.rollout.rollout` with the run's settings: each task `group_size` times, batched."""
+                  group_size: int = 1, temperature: float | None = None,
+                  memory: Sequence[Sequence[str]] | None = None) -> list[Trajectory]:
+    """`training.rollout.rollout` with the run's settings: each task `group_size` times, batched;
+    `memory[i]`, if given, the notes shown for `tasks[i]`."""
     from training.rollout import RolloutConfig, rollout
 
     cfg = RolloutConfig(scaffold=spec.scaffold, max_new_tokens=spec.max_new_tokens,
                         temperature=spec.temperature if temperature is None else temperature,
                         max_steps=spec.max_turns, seed=seed)
-    return rollout(engine, tokenizer, list(tasks), cfg, group_size=group_size)
+    return rollout(engine, tokenizer, list(tasks), cfg, memory=memory, group_size=group_size)
 
 
 def correction_rows(groups: Sequence[Sequence[Trajectory]], tokenizer: Any) -> list:

@@ -122,6 +122,9 @@ class TaskPool:
     # memory got right and their anchors (evolve.distill with CycleConfig.distill_focus), which a
     # uniform draw from ~900 rows showed each ~0.5 times in a 30-step cycle
     sft_focus: list[Row] = field(default_factory=list)
+    # memory notes shown to the policy when it plays a task (ids → notes; absent: no memory), as the
+    # runtime shows recalled memory: RL that rewards acting on what memory says
+    memory: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _draw(items: list, k: int, seed: str) -> list:
@@ -225,7 +228,8 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         tid = sched.sample(1, rng)[0] if cfg.use_scheduler else rng.choice(sorted(pool.tasks))
         g = cfg.group_size or sched.group_size(tid)
         order_id += 1
-        return WorkOrder(order_id, tid, g, seed=cfg.seed * 1_000_003 + order_id, payload={"task": pool.tasks[tid]})
+        return WorkOrder(order_id, tid, g, seed=cfg.seed * 1_000_003 + order_id,
+                         payload={"task": pool.tasks[tid], "memory": pool.memory.get(tid)})
 
     admitted: list = []  # every admitted group of the current step, informative or not
     corrections: list[Row] = ckpt_state.get("corrections", []) if ckpt_state else []  # this run's, kept
