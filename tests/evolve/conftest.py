@@ -36,7 +36,24 @@ def traffic(tmp_path_factory, tiny_policy) -> dict:
     with Service(data, f"torch:{tiny_policy}", TOKENS, *SERVE_ARGS) as svc:
         res = simulate(SimConfig(url=svc.url, users=2, episodes=EPISODES, stream=str(sf), api_key=API_KEY,
                                  temperature=0.0, max_turns=4, seed=0), progress=False)
+    state_a_rule(data)
     return {"data": data, "result": res, "stream": sf, "policy": tiny_policy}
+
+
+RULE_NOTE = "Refunds are allowed up to 45 days after delivery; above 150 escalate to a human."
+
+
+def state_a_rule(data: Path) -> None:
+    """A rule the tenant stated, tied to its first trajectory. The tiny policy's own traffic mines
+    no items, so without it nothing would be recalled and no memory path of the cycle would run."""
+    from memory import MemoryService
+
+    mem = MemoryService(data / "memory")
+    try:
+        first = mem.trajectories().trajectories[0]
+        mem.add(first.tenant, RULE_NOTE, kind="task_experience", trajectory_id=first.id)
+    finally:
+        mem.close()
 
 
 @pytest.fixture

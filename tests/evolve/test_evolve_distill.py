@@ -43,8 +43,6 @@ def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, ti
     from training.policy import load_tokenizer
 
     mem, trajs = _window(data_dir)
-    mem.add(trajs[0].tenant, "Refunds are allowed up to 45 days after delivery; above 150 escalate to a human.",
-            kind="task_experience", trajectory_id=trajs[0].id)  # a rule a user stated: recalled for every request
     cfg = cfg_for(data_dir, tiny_policy, memory_rl_tasks=3)
     try:
         rows, stats = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
@@ -68,7 +66,7 @@ def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, ti
     assert stats["memory_made_the_difference"] == len(only_memory)
     # tasks failed although memory was recalled for them go to RL with their notes, at most `memory_rl_tasks`
     failed = {o["task_id"] for o in outcomes if not o["with_memory"]}
-    assert failed and len(stats["memory_rl"]) == min(3, len(failed))  # the stated rule is recalled for every request
+    assert failed and len(stats["memory_rl"]) == min(3, len(failed))  # the stated rule (conftest) is recalled for every request
     assert {r["task"]["id"] for r in stats["memory_rl"]} <= failed and all(r["memory"] for r in stats["memory_rl"])
     tok = load_tokenizer(tiny_policy)
     for r in rows:  # the memory section is emptied: there is nothing left to strip
