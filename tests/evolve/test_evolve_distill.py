@@ -66,7 +66,8 @@ def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, ti
     assert stats["memory_made_the_difference"] == len(only_memory)
     # tasks failed although memory was recalled for them go to RL with their notes, at most `memory_rl_tasks`
     failed = {o["task_id"] for o in outcomes if not o["with_memory"]}
-    assert failed and len(stats["memory_rl"]) == min(3, len(failed))  # the stated rule (conftest) is recalled for every request
+    # the rule the tenant stated (conftest.state_a_rule) is recalled for every request
+    assert failed and len(stats["memory_rl"]) == min(3, len(failed))
     assert {r["task"]["id"] for r in stats["memory_rl"]} <= failed and all(r["memory"] for r in stats["memory_rl"])
     tok = load_tokenizer(tiny_policy)
     for r in rows:  # the memory section is emptied: there is nothing left to strip

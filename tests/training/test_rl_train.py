@@ -165,10 +165,10 @@ def test_a_pool_tasks_memory_notes_are_shown_when_it_is_played(drift_policy, tmp
     # value (ratio 1) does not depend on logprobs; its gradient does, through the prompt.
     from safetensors.torch import load_file
 
-    _run(_cfg(drift_policy, tmp_path / "bare", steps=2, checkpoint_every=20), deny_pool)
+    bare_adapter = _run(_cfg(drift_policy, tmp_path / "bare", steps=2, checkpoint_every=20), deny_pool)
     with_notes = dataclasses.replace(deny_pool, memory={k: notes for k in deny_pool.tasks})
-    _run(_cfg(drift_policy, tmp_path / "notes", steps=2, checkpoint_every=20), with_notes)
-    a, b = (load_file(str(tmp_path / d / "adapter" / "adapter_model.safetensors")) for d in ("bare", "notes"))
+    notes_adapter = _run(_cfg(drift_policy, tmp_path / "notes", steps=2, checkpoint_every=20), with_notes)
+    a, b = (load_file(str(d / "adapter_model.safetensors")) for d in (bare_adapter, notes_adapter))
     assert a.keys() == b.keys() and any(not a[k].equal(b[k]) for k in a)
 
 
