@@ -64,8 +64,9 @@ class CycleConfig:
                                         # +13.0 current, +22.0 vs +9.5 held out) and forgot more (6.0 vs 2.5)
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
-    replay_share: float = 0.4           # share of older-rule tasks replayed during training (2 of 4 groups a
-                                        # step; at 1 of 4 a demo candidate lost 5.5 points on old rules)
+    replay_share: float = 0.4           # share of older-rule tasks replayed during training. Until the scheduler's
+                                        # fix (one-task draws rounded the share) 0.4 replayed none and 0.75 only
+                                        # old-rule tasks: every demo figure before it was measured without replay
     corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
     train_heldout_tasks: int = 24       # per slice (current, old rules), scored during training for
                                         # the diagnosis; drawn apart from the gate's tasks (at 8 the

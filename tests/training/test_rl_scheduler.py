@@ -80,6 +80,17 @@ def test_replay_share_and_learning_value_weighting():
     assert s.sample(10, random.Random(5)) == s.sample(10, random.Random(5))
 
 
+def test_replay_share_holds_for_one_task_draws():
+    """The RL runner draws one task per work order: the share must hold over those draws too."""
+    s = TaskScheduler(SchedulerConfig(replay_share=0.4))
+    for i in range(4):
+        s.add_task(f"new{i}")
+        s.add_task(f"old{i}", replay=True)
+    rng = random.Random(2)
+    ids = [s.sample(1, rng)[0] for _ in range(1000)]
+    assert 0.35 < sum(t.startswith("old") for t in ids) / 1000 < 0.45
+
+
 def test_state_round_trips():
     s = _sched()
     s.update("easy", [1.0] * 8)

@@ -129,7 +129,10 @@ class TaskScheduler:
         """Draw n task ids (with replacement) by learning value; a replay share from old-rule tasks."""
         current = [t for t, s in self.tasks.items() if not s.replay]
         replay = [t for t, s in self.tasks.items() if s.replay]
-        n_replay = round(n * self.cfg.replay_share) if replay and current else (n if not current else 0)
+        # floor(n * share), plus one more with the fractional chance: unbiased for the one-task draws
+        # the RL runner makes (rounding gave a share of 0.4 no replay at all, 0.75 only replay)
+        whole, frac = divmod(n * self.cfg.replay_share, 1.0)
+        n_replay = int(whole) + (rng.random() < frac) if replay and current else (n if not current else 0)
         return self._draw(replay, n_replay, rng) + self._draw(current, n - n_replay, rng)
 
     def _draw(self, pool: list[str], n: int, rng: random.Random) -> list[str]:
