@@ -199,3 +199,23 @@ def test_focus_rows_fill_up_to_half_of_each_steps_experience_draw():
     assert sum(r.prompt_ids == [2] for r in experience_rows(few, [], 16, "s/0")) == 3
     assert len(experience_rows(few, [], 16, "s/0")) == 16
     assert experience_rows(TaskPool(), corrections, 16, "s/0") == corrections  # fewer than k: all
+
+
+def test_replay_anchor_rows_come_from_replay_groups_the_policy_still_always_solves():
+    """An all-success replay group gives its shortest trajectory's sampled ids as supervised rows
+    (dynamic sampling would drop it: no gradient at all); a mixed or a current-rule group gives none."""
+    from dynamic_bench.schema import Step, Trajectory
+    from training.rl.trainer import replay_anchor_rows
+
+    def traj(n_steps: int, outcome: str) -> Trajectory:
+        steps = [Step(index=i, prompt_token_ids=[n_steps, i], completion_token_ids=[10 + i], behaviour_logprobs=[-0.1])
+                 for i in range(n_steps)]
+        return Trajectory(task_id="t", reward=float(outcome == "success"), outcome=outcome, steps=steps)
+
+    solved = [traj(3, "success"), traj(2, "success"), traj(2, "success")]
+    rows = replay_anchor_rows(solved, is_replay=True)
+    assert [(r.prompt_ids, r.completion_ids, r.sft) for r in rows] == [([2, 0], [10], True), ([2, 1], [11], True)]
+    assert replay_anchor_rows(solved, is_replay=False) == []
+    assert replay_anchor_rows(solved[:2] + [traj(2, "failure")], is_replay=True) == []
+    assert replay_anchor_rows([], is_replay=True) == []
+

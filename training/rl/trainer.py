@@ -83,6 +83,9 @@ class RLConfig:
     # scheduler
     use_scheduler: bool = True
     replay_share: float = 0.2
+    replay_anchors: bool = True  # a replay task the policy still always solves gives its shortest success as
+                                 # supervised rows, weighted by sft_coef (else its all-equal group teaches
+                                 # nothing: replay_anchor_rows)
     retire_above: float = 0.95
     break_below: float = 0.05
     cooldown: int = 10
@@ -137,6 +140,22 @@ def experience_rows(pool: TaskPool, corrections: list[Row], k: int, seed: str) -
     logged rows and the run's kept corrections."""
     focus = _draw(pool.sft_focus, k // 2, f"{seed}/focus")
     return focus + _draw(pool.sft_rows + corrections, k - len(focus), seed)
+
+
+def replay_anchor_rows(trajectories: list, is_replay: bool) -> list[Row]:
+    """Supervised rows that hold an older-rule behaviour the policy still has: the shortest of a
+    replay group's trajectories when every one of them succeeded, its sampled ids as targets.
+
+    Why: dynamic sampling drops all-equal groups, so a replay task the policy still solves gives
+    no gradient at all, neither policy gradient nor KL, and replay cannot hold what the other rows
+    pull away (the demo's cycle: 40% of draws replayed, old rules -7.0 points). Its own successful
+    sample, trained on like a correction, keeps that decision in each step's batch.
+    """
+    if not is_replay or not trajectories or not all(t.outcome == "success" for t in trajectories):
+        return []
+    best = min(trajectories, key=lambda t: len(t.steps))
+    return [Row(list(s.prompt_token_ids), list(s.completion_token_ids), [], sft=True)
+            for s in best.steps if s.completion_token_ids]
 
 
 def default_pool(cfg: RLConfig) -> TaskPool:
@@ -232,10 +251,13 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
                          payload={"task": pool.tasks[tid], "memory": pool.memory.get(tid)})
 
     admitted: list = []  # every admitted group of the current step, informative or not
+    anchors: list[Row] = []  # this step's replay anchors (replay_anchor_rows)
     corrections: list[Row] = ckpt_state.get("corrections", []) if ckpt_state else []  # this run's, kept
 
     def keep(res) -> bool:
         admitted.append(res.trajectories)
+        if cfg.replay_anchors:
+            anchors.extend(replay_anchor_rows(res.trajectories, res.task_id in pool.replay))
         rewards = [float(t.reward) for t in res.trajectories]
         sched.update(res.task_id, rewards, [t.outcome == "success" for t in res.trajectories])
         return not cfg.dynamic_sampling or (len(rewards) > 1 and max(rewards) > min(rewards))
@@ -260,6 +282,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         while step < cfg.steps:
             t0 = time.perf_counter()
             admitted.clear()
+            anchors.clear()
             groups, cstats = collect(workers, gate, version, cfg.groups_per_step, make_order,
                                      max_outstanding=cfg.n_workers + cfg.queue_size, sync=cfg.eta == 0,
                                      keep=keep, max_results=cfg.max_groups_per_step or 4 * cfg.groups_per_step)
@@ -268,7 +291,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
             # corrections count even from all-equal groups: that is where reward gives no signal
             fresh: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
-            sft = fresh + (experience_rows(pool, corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
+            sft = fresh + anchors + (experience_rows(pool, corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
                            if cfg.sft_coef else [])
             if cfg.keep_corrections:  # later steps redraw them: ~5 new ones a step are too few to learn from once
                 known = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in corrections}
@@ -286,6 +309,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             row = {"step": step, "version": version, "wall_s": time.perf_counter() - t_start,
                    "wait_s": t1 - t0, "train_s": time.perf_counter() - t1, **group_stats(admitted), **lstats,
                    "groups_trained": len(groups) - rstats["zero_var_groups"], **cstats,
+                   "replay_anchor_rows": len(anchors),
                    "stale_rejected": cstats["groups_stale"], "staleness_mean": sum(lags) / max(len(lags), 1),
                    "staleness_hist": {str(k): lags.count(k) for k in sorted(set(lags))},
                    "scheduler": sched.counts(), "tasks": _task_states(sched)}
