@@ -66,7 +66,10 @@ class CycleConfig:
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training. Until the scheduler's
                                         # fix (one-task draws rounded the share) 0.4 replayed none and 0.75 only
-                                        # old-rule tasks: every demo figure before it was measured without replay
+                                        # old-rule tasks: every demo figure before it was measured without replay.
+                                        # Demo seed 0, build D: real replay, solved replay groups dropped (no
+                                        # signal): current +8.0, old rules -7.0; with RLConfig.replay_anchors
+                                        # (their successes as supervised rows): +1.0, -2.5. Both rejected
     corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
     train_heldout_tasks: int = 24       # per slice (current, old rules), scored during training for
                                         # the diagnosis; drawn apart from the gate's tasks (at 8 the
