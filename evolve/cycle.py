@@ -69,7 +69,8 @@ class CycleConfig:
                                         # old-rule tasks: every demo figure before it was measured without replay.
                                         # Demo seed 0, build D: real replay, solved replay groups dropped (no
                                         # signal): current +8.0, old rules -7.0; with RLConfig.replay_anchors
-                                        # (their successes as supervised rows): +1.0, -2.5. Both rejected
+                                        # (their successes as supervised rows): +1.0, -2.5. Both rejected. Seed 1
+                                        # with anchors: +18.0, -3.0 (7 losses / 1 win, p 0.035): rejected
     corrupt_rewards: bool = False       # a deliberately bad candidate: rewards from wrong rules
     train_heldout_tasks: int = 24       # per slice (current, old rules), scored during training for
                                         # the diagnosis; drawn apart from the gate's tasks (at 8 the
