@@ -291,8 +291,9 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             rows, rstats = rows_from_groups(trajs, scale_by_std=cfg.scale_adv_by_std)
             # corrections count even from all-equal groups: that is where reward gives no signal
             fresh: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
-            sft = fresh + anchors + (experience_rows(pool, corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
-                           if cfg.sft_coef else [])
+            logged = (experience_rows(pool, corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
+                      if cfg.sft_coef else [])
+            sft = fresh + anchors + logged
             if cfg.keep_corrections:  # later steps redraw them: ~5 new ones a step are too few to learn from once
                 known = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in corrections}
                 corrections += [r for r in fresh if (tuple(r.prompt_ids), tuple(r.completion_ids)) not in known]
