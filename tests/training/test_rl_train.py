@@ -218,4 +218,3 @@ def test_replay_anchor_rows_come_from_replay_groups_the_policy_still_always_solv
     assert replay_anchor_rows(solved, is_replay=False) == []
     assert replay_anchor_rows(solved[:2] + [traj(2, "failure")], is_replay=True) == []
     assert replay_anchor_rows([], is_replay=True) == []
-

@@ -84,8 +84,8 @@ class RLConfig:
     use_scheduler: bool = True
     replay_share: float = 0.2
     replay_anchors: bool = True  # a replay task the policy still always solves gives its shortest success as
-                                 # supervised rows, weighted by sft_coef (else its all-equal group teaches
-                                 # nothing: replay_anchor_rows)
+                                 # supervised rows, like corrections only when sft_coef > 0 (else its
+                                 # all-equal group teaches nothing: replay_anchor_rows)
     retire_above: float = 0.95
     break_below: float = 0.05
     cooldown: int = 10
@@ -256,7 +256,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
 
     def keep(res) -> bool:
         admitted.append(res.trajectories)
-        if cfg.replay_anchors:
+        if cfg.replay_anchors and cfg.sft_coef:  # as corrections: rows the learner would not train on are not made
             anchors.extend(replay_anchor_rows(res.trajectories, res.task_id in pool.replay))
         rewards = [float(t.reward) for t in res.trajectories]
         sched.update(res.task_id, rewards, [t.outcome == "success" for t in res.trajectories])
