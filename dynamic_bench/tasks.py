@@ -148,10 +148,62 @@ def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25
         if key in seen or split_of(params) != task.split:
             continue
         seen.add(key)
-        out.append(task.model_copy(update={
-            "id": f"{d.name}-{task.split}-{rng.getrandbits(48):012x}", "params": params,
-            "gold_checks": gold_checks(d, params, params["rules"])}))
+        out.append(_with_facts(task, d, params, rng))
     return out
+
+
+def boundary_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25) -> list[Task]:
+    """Up to `n` distinct tasks like `task` (same split, rules and request, gold answers recomputed),
+    each with one whole-number fact of its database set onto a threshold near it, or one past it:
+    a whole-number value of the rules in force, shown, or in force before, within `spread` of the
+    fact. Drawn without replacement, in `rng`'s order.
+
+    Why: `neighbour_tasks` moves facts at random, so a fact rarely lands on a threshold, and the
+    demo candidates taught with them lost old-rule tasks right at the new rules' edges (stop 32:
+    refunds at exactly 20 days, which v2's inclusive window still refunds; escalations above the
+    threshold that moved 200 -> 150). A fact on a threshold and one past it are the two sides
+    of a `<=` (or `>`) that a rule draws there, under the old rules and the new."""
+    d, task = get_domain(task.domain), complete_task(task)
+    p = task.params
+    thresholds = {v for rules in [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
+                  for v in rules.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    candidates = sorted({(path, value) for path, fact in _int_facts(p["db"])
+                         for t in thresholds if abs(t - fact) <= max(1, round(spread * fact))
+                         for value in (t, t + 1) if value != fact}, key=repr)
+    rng.shuffle(candidates)
+    out: list[Task] = []
+    for path, value in candidates:  # each (fact, value) is another database
+        if len(out) == n:
+            break
+        params = {**p, "db": _set_fact(p["db"], path, value)}
+        if split_of(params) == task.split:
+            out.append(_with_facts(task, d, params, rng))
+    return out
+
+
+def _with_facts(task: Task, d: Domain, params: dict, rng: random.Random) -> Task:
+    """`task` with `params` (other facts), a fresh id and the gold answer those facts get."""
+    return task.model_copy(update={"id": f"{d.name}-{task.split}-{rng.getrandbits(48):012x}", "params": params,
+                                   "gold_checks": gold_checks(d, params, params["rules"])})
+
+
+def _int_facts(value: Any, path: tuple = ()) -> list[tuple[tuple, int]]:
+    """(path, value) of every positive whole number in a database."""
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _int_facts(v, (*path, k))]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in _int_facts(v, (*path, i))]
+    return [(path, value)] if isinstance(value, int) and not isinstance(value, bool) and value > 0 else []
+
+
+def _set_fact(value: Any, path: tuple, new: int) -> Any:
+    """A copy of `value` with the fact at `path` replaced by `new`."""
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {k: _set_fact(v, rest, new) if k == head else v for k, v in value.items()}
+    return [_set_fact(v, rest, new) if i == head else v for i, v in enumerate(value)]
 
 
 def _nudged(value: Any, rng: random.Random, spread: float, tiers: tuple[str, ...]) -> Any:

@@ -133,6 +133,49 @@ def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_sam
     assert min(other_answer, unchanged) > len(changed) // 10
 
 
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_boundary_tasks_set_one_fact_on_a_threshold_or_one_past_it(name):
+    from dynamic_bench.tasks import boundary_tasks, split_of
+
+    def numbers(db: dict, path: str = "") -> dict[str, int]:
+        out = {}
+        for k, v in db.items():
+            if isinstance(v, dict):
+                out |= numbers(v, f"{path}{k}.")
+            elif isinstance(v, int) and not isinstance(v, bool):
+                out[path + k] = v
+        return out
+
+    d = get_domain(name)
+    made, straddles = 0, 0
+    for split in ("train", "test"):
+        for task in generate_tasks(name, 30, 5, split, rule_version=2):
+            p = task.params
+            thresholds = {v for r in [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
+                          for v in r.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+            near = boundary_tasks(task, random.Random(task.id), 4)
+            assert len(near) <= 4 and len({t.id for t in near} | {task.id}) == len(near) + 1
+            assert boundary_tasks(task, random.Random(task.id), 4) == near  # seeded
+            made += len(near)
+            for t in near:
+                assert t.split == split_of(t.params) == split
+                assert {k: v for k, v in t.params.items() if k != "db"} == {k: v for k, v in p.items() if k != "db"}
+                writes, outcome = d.solve(t.params, t.params["rules"])
+                assert t.gold_checks == {"outcome": outcome, "writes": [format_action(c) for c in writes]}
+                before, after = numbers(p["db"]), numbers(t.params["db"])
+                moved = {k for k in before if after[k] != before[k]}
+                assert len(moved) == 1  # one fact, onto a threshold near it or one past it
+                (k,) = moved
+                assert after[k] in thresholds | {x + 1 for x in thresholds}
+                assert abs(after[k] - before[k]) <= max(1, round(0.25 * before[k])) + 1
+            facts = [json.dumps(t.params["db"], sort_keys=True) for t in near]
+            assert len(set(facts)) == len(facts)
+            # a threshold and one past it are the two sides of a rule: somewhere the answer differs
+            by_fact = {json.dumps(numbers(t.params["db"]), sort_keys=True): t.gold_checks["outcome"] for t in near}
+            straddles += len(set(by_fact.values())) > 1
+    assert made > 60 and straddles > 0
+
+
 def test_stale_agent_uses_first_version_tools_under_tool_drift():
     env = make("driftbench/telecom-v1")
     task = next(t for t in generate_tasks("telecom", 50, 0, rule_version=4) if t.params["kind"] == "suspend"
