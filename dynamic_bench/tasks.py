@@ -154,22 +154,32 @@ def neighbour_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25
 
 def boundary_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25) -> list[Task]:
     """Up to `n` distinct tasks like `task` (same split, rules and request, gold answers recomputed),
-    each with one whole-number fact of its database set onto a threshold near it, or one past it:
-    a whole-number value of the rules in force, shown, or in force before, within `spread` of the
-    fact. Drawn without replacement, in `rng`'s order.
+    each with one whole-number fact of its database set onto an edge near it, or one past it: a
+    whole-number value `t` of the rules in force, shown, or in force before, within `spread` of the
+    fact, where the fact at `t` and at `t + 1` get different answers under one of those rule sets
+    (a threshold this request is judged by). Drawn without replacement, in `rng`'s order.
 
     Why: `neighbour_tasks` moves facts at random, so a fact rarely lands on a threshold, and the
     demo candidates taught with them lost old-rule tasks right at the new rules' edges (stop 32:
     refunds at exactly 20 days, which v2's inclusive window still refunds; escalations above the
-    threshold that moved 200 -> 150). A fact on a threshold and one past it are the two sides
-    of a `<=` (or `>`) that a rule draws there, under the old rules and the new."""
+    threshold that moved 200 -> 150). Only real edges: without that test (stop 33) an exchange's
+    amount was set on the escalation threshold too, and the seed-1 demo candidate stopped
+    exchanging large orders (old-rule forgetting 12.5 points, against 3.0 without boundary tasks)."""
     d, task = get_domain(task.domain), complete_task(task)
     p = task.params
-    thresholds = {v for rules in [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
-                  for v in rules.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
-    candidates = sorted({(path, value) for path, fact in _int_facts(p["db"])
-                         for t in thresholds if abs(t - fact) <= max(1, round(spread * fact))
-                         for value in (t, t + 1) if value != fact}, key=repr)
+    rule_sets = [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
+    thresholds = {v for rules in rule_sets for v in rules.values()
+                  if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+    def answers(path: tuple, value: int) -> list:
+        params = {**p, "db": _set_fact(p["db"], path, value)}
+        return [d.solve(params, rules) for rules in rule_sets]
+
+    edges = sorted({(path, t) for path, fact in _int_facts(p["db"]) for t in thresholds
+                    if abs(t - fact) <= max(1, round(spread * fact)) and answers(path, t) != answers(path, t + 1)},
+                   key=repr)
+    candidates = sorted({(path, value) for path, t in edges for value in (t, t + 1)
+                         if value != dict(_int_facts(p["db"]))[path]}, key=repr)
     rng.shuffle(candidates)
     out: list[Task] = []
     for path, value in candidates:  # each (fact, value) is another database
