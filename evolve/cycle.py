@@ -58,12 +58,12 @@ class CycleConfig:
                                         # 3.5 / 2.0 points where focus off, ratio 2, no neighbours forgot 3.0 /
                                         # 7.0 / 6.0 and promoted none (B: -1.0 on the current rules). Not run
                                         # on build A, where that older setting promoted. 8 here: B forgot 9.0
-    distill_boundary: int = 4           # per task only memory solved, so many tasks with one fact set on an edge
+    distill_boundary: int = 0           # per task only memory solved, so many tasks with one fact set on an edge
                                         # (a rule's threshold where the answer changes) or one past it, taken before
-                                        # the neighbours (dynamic_bench.tasks.boundary_tasks). Demo seed 1, build D:
-                                        # without, current +18.0, old rules -3.0 (7 losses / 1 win): rejected; with,
-                                        # +9.5, old rules 0.0 (1/1): the first promotion on build D (one seed); served
-                                        # with memory it did worse than the cold start with memory (0.785 vs 0.855)
+                                        # the neighbours (dynamic_bench.tasks.boundary_tasks). Off: at 4 on build D,
+                                        # demo seed 1 was promoted (current +9.5, old rules 0.0 vs +18.0 / -3.0
+                                        # without) but served with memory did worse than the cold start with memory
+                                        # (0.785 vs 0.855); seed 0 lost more (-3.5 / -6.5 vs +1.0 / -2.5 without)
     memory_rl_tasks: int = 0            # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # Off: at 32 (demo seed 0, build D) the candidate gained more (+15.5 vs
