@@ -168,18 +168,16 @@ def boundary_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25)
     d, task = get_domain(task.domain), complete_task(task)
     p = task.params
     rule_sets = [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
-    thresholds = {v for rules in rule_sets for v in rules.values()
-                  if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    thresholds = {v for rules in rule_sets for _, v in _int_facts(rules)}
+    facts = dict(_int_facts(p["db"]))
 
     def answers(path: tuple, value: int) -> list:
         params = {**p, "db": _set_fact(p["db"], path, value)}
         return [d.solve(params, rules) for rules in rule_sets]
 
-    edges = sorted({(path, t) for path, fact in _int_facts(p["db"]) for t in thresholds
-                    if abs(t - fact) <= max(1, round(spread * fact)) and answers(path, t) != answers(path, t + 1)},
-                   key=repr)
-    candidates = sorted({(path, value) for path, t in edges for value in (t, t + 1)
-                         if value != dict(_int_facts(p["db"]))[path]}, key=repr)
+    candidates = sorted({(path, value) for path, fact in facts.items() for t in thresholds
+                         if abs(t - fact) <= max(1, round(spread * fact)) and answers(path, t) != answers(path, t + 1)
+                         for value in (t, t + 1) if value != fact}, key=repr)
     rng.shuffle(candidates)
     out: list[Task] = []
     for path, value in candidates:  # each (fact, value) is another database
@@ -198,7 +196,7 @@ def _with_facts(task: Task, d: Domain, params: dict, rng: random.Random) -> Task
 
 
 def _int_facts(value: Any, path: tuple = ()) -> list[tuple[tuple, int]]:
-    """(path, value) of every positive whole number in a database."""
+    """(path, value) of every positive whole number in a database (or a rule set)."""
     if isinstance(value, dict):
         return [x for k, v in value.items() for x in _int_facts(v, (*path, k))]
     if isinstance(value, list):

@@ -71,22 +71,30 @@ def test_splits_are_disjoint_by_facts_and_seeded(name):
     assert {t.persona for t in train} == set(PERSONAS)
 
 
+def leaves(db: dict, keep, path: str = "") -> dict[str, object]:
+    """The database's leaf values that `keep` accepts, by dotted path."""
+    out = {}
+    for k, v in db.items():
+        if isinstance(v, dict):
+            out |= leaves(v, keep, f"{path}{k}.")
+        elif keep(v):
+            out[path + k] = v
+    return out
+
+
+def numbers(db: dict) -> dict[str, int]:
+    """The database's whole numbers, by dotted path."""
+    return leaves(db, lambda v: isinstance(v, int) and not isinstance(v, bool))
+
+
+def rule_sets(params: dict) -> list[dict]:
+    """The rules in force for a task, the rules it is shown, and those in force before."""
+    return [params["rules"], params["shown_rules"], *(r for _, r in params["prior_rules"])]
+
+
 @pytest.mark.parametrize("name", sorted(DOMAINS))
 def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_same_rules(name):
     from dynamic_bench.tasks import neighbour_tasks, split_of
-
-    def leaves(db: dict, keep, path: str = "") -> dict[str, object]:
-        """The database's leaf values that `keep` accepts, by dotted path."""
-        out = {}
-        for k, v in db.items():
-            if isinstance(v, dict):
-                out |= leaves(v, keep, f"{path}{k}.")
-            elif keep(v):
-                out[path + k] = v
-        return out
-
-    def numbers(db: dict) -> dict[str, int]:
-        return leaves(db, lambda v: isinstance(v, int) and not isinstance(v, bool))
 
     def tiers(db: dict) -> dict[str, str]:
         return leaves(db, lambda v: v in d.tiers)
@@ -137,15 +145,6 @@ def test_neighbour_tasks_move_each_fact_a_little_in_the_same_split_under_the_sam
 def test_boundary_tasks_set_one_fact_on_a_threshold_or_one_past_it(name):
     from dynamic_bench.tasks import boundary_tasks, split_of
 
-    def numbers(db: dict, path: str = "") -> dict[str, int]:
-        out = {}
-        for k, v in db.items():
-            if isinstance(v, dict):
-                out |= numbers(v, f"{path}{k}.")
-            elif isinstance(v, int) and not isinstance(v, bool):
-                out[path + k] = v
-        return out
-
     def edge(params: dict, key: str, t: int) -> bool:
         """Whether the fact at dotted `key` set to `t` and to `t + 1` gets different answers under
         the rules in force, shown or in force before."""
@@ -156,8 +155,7 @@ def test_boundary_tasks_set_one_fact_on_a_threshold_or_one_past_it(name):
             for part in parents:
                 node = node[part]
             node[leaf] = value
-            return [d.solve({**params, "db": db}, r) for r in
-                    [params["rules"], params["shown_rules"], *(r for _, r in params["prior_rules"])]]
+            return [d.solve({**params, "db": db}, r) for r in rule_sets(params)]
         return solved(t) != solved(t + 1)
 
     d = get_domain(name)
@@ -165,8 +163,8 @@ def test_boundary_tasks_set_one_fact_on_a_threshold_or_one_past_it(name):
     for split in ("train", "test"):
         for task in generate_tasks(name, 30, 5, split, rule_version=2):
             p = task.params
-            thresholds = {v for r in [p["rules"], p["shown_rules"], *(r for _, r in p["prior_rules"])]
-                          for v in r.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+            thresholds = {v for r in rule_sets(p) for v in r.values()
+                          if isinstance(v, int) and not isinstance(v, bool) and v > 0}
             near = boundary_tasks(task, random.Random(task.id), 4)
             assert len(near) <= 4 and len({t.id for t in near} | {task.id}) == len(near) + 1
             assert boundary_tasks(task, random.Random(task.id), 4) == near  # seeded
