@@ -4,8 +4,9 @@ Both policies are run on the *same* tasks and seeds, so each pair differs only b
 On the current-rule slice the candidate must be better by more than noise: an exact one-sided
 sign test (McNemar on the discordant pairs) at level `alpha`, with the paired-bootstrap
 confidence interval reported beside it. On every other slice (older rules still in force for
-scoped users, held-out tasks) it must not regress beyond `tolerance`: a regression is a point
-drop larger than the tolerance, or a drop the sign test calls significant.
+scoped users, held-out tasks, the current rules with each tenant's memory recalled, as the
+service serves) it must not regress beyond `tolerance`: a regression is a point drop larger than
+the tolerance, or a drop the sign test calls significant.
 """
 from __future__ import annotations
 

@@ -90,9 +90,10 @@ def test_cycle_runs_every_stage_and_reports(clean_cycle, tiny_policy):
     for f in ("report.md", "report.json", "report.png", "state.json", "gate_eval.json"):
         assert (folder / f).stat().st_size > 0
     rep = json.loads((folder / "report.json").read_text())
-    assert set(rep["gate"]["slices"]) == {"current", "old_rules", "held_out"}
+    # with_memory: the tenant's stated rule (conftest.state_a_rule) is recalled, as the service serves
+    assert set(rep["gate"]["slices"]) == {"current", "old_rules", "held_out", "with_memory"}
     n = {k: s["n"] for k, s in rep["gate"]["slices"].items()}
-    assert n["current"] == n["held_out"] == 4
+    assert n["current"] == n["held_out"] == n["with_memory"] == 4
     promoted = registry(d).current_version() != "base"
     assert promoted == (state.outcome == "promoted")
 
@@ -115,9 +116,41 @@ def test_training_scores_held_out_tasks_apart_from_the_gate(clean_cycle, tiny_po
     contexts = json.loads((d / "cycles" / state.cycle_id / "experience" / "contexts.json").read_text())
     cfg = cfg_for(d, tiny_policy)
     gate = gate_slices(cfg, contexts)["current"]
+    ev = json.loads((d / "cycles" / state.cycle_id / "gate_eval.json").read_text())
+    assert ev["task_ids"]["current"] == [t.id for t in gate]  # the gate's evaluation names its tasks
     held = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")["current"]
     assert len(held) == cfg.train_heldout_tasks
     assert {t.id for t in held}.isdisjoint({t.id for t in gate})
+
+
+def test_the_memory_slice_shows_each_tenant_its_own_memory(data_dir, tiny_policy):
+    """The gate's with-memory slice: test tasks under each tenant's latest rules, each shown what
+    the runtime recalls from that tenant's memory and nothing of another tenant's."""
+    from evolve.mining import rule_contexts
+    from evolve.stages import memory_slice
+    from memory import MemoryService
+    from tests.evolve.conftest import RULE_NOTE
+
+    mem = MemoryService(data_dir / "memory")
+    try:
+        trajs = mem.trajectories().trajectories
+        other = [t.model_copy(update={"tenant": "other-co"}) for t in trajs[:4]]  # its latest context: v1
+        other_note = "Gold members of other-co never pay return shipping on exchanges."
+        mem.add("other-co", other_note, kind="task_experience")
+        cfg = cfg_for(data_dir, tiny_policy)
+        tasks, notes = memory_slice(cfg, mem, trajs + other, 8)
+        again = memory_slice(cfg, mem, trajs + other, 8)
+    finally:
+        mem.close()
+    assert len(tasks) == len(notes) == 8 and all(t.split == "test" for t in tasks)
+    assert ([t.id for t in again[0]], again[1]) == ([t.id for t in tasks], notes)  # seeded
+    for tenant, src, first in ((trajs[0].tenant, trajs, 0), ("other-co", other, 4)):
+        latest = rule_contexts(src)[-1]
+        mine = tasks[first:first + 4]  # tenants in sorted order: acme, then other-co
+        assert all(t.params["rules"] == latest["rules"] and t.params["shown_rules"] == latest["shown_rules"]
+                   for t in mine)
+    assert all(RULE_NOTE in n and other_note not in n for n in notes[:4])
+    assert all(other_note in n and RULE_NOTE not in n for n in notes[4:])
 
 
 def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):

@@ -17,15 +17,14 @@ def _window(data_dir):
 
 
 def test_tasks_are_fresh_train_tasks_under_each_tenants_latest_rules(data_dir, tiny_policy):
-    from evolve.distill import distill_tasks
     from evolve.mining import rule_contexts
-    from evolve.stages import gate_slices
+    from evolve.stages import gate_slices, tenant_tasks
 
     mem, trajs = _window(data_dir)
     mem.close()
     cfg = cfg_for(data_dir, tiny_policy)
     other = [t.model_copy(update={"tenant": "other-co"}) for t in trajs[:4]]  # its latest context: v1
-    per = distill_tasks(cfg, trajs + other, 12)
+    per = tenant_tasks(cfg, trajs + other, 12, purpose="distill", split="train")
     assert set(per) == {trajs[0].tenant, "other-co"} and all(len(ts) == 6 for ts in per.values())
     for tenant, src in ((trajs[0].tenant, trajs), ("other-co", other)):
         latest = rule_contexts(src)[-1]
@@ -34,7 +33,7 @@ def test_tasks_are_fresh_train_tasks_under_each_tenants_latest_rules(data_dir, t
         assert all(t.split == "train" for t in per[tenant])  # the gate draws from test
     gate = gate_slices(cfg, rule_contexts(trajs))["current"]
     assert {t.id for t in per[trajs[0].tenant]}.isdisjoint({t.id for t in gate})
-    assert [t.id for t in distill_tasks(cfg, trajs + other, 12)[trajs[0].tenant]] == [t.id for t in per[trajs[0].tenant]]
+    assert [t.id for t in tenant_tasks(cfg, trajs + other, 12, "distill", "train")[trajs[0].tenant]] == [t.id for t in per[trajs[0].tenant]]
 
 
 def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, tiny_policy):
@@ -116,6 +115,12 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
             assert r["completion_token_ids"] == s.completion_token_ids
         assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
         assert not any(r.get("anchor") for r in rows)
+        # keep_memory: each distilled step also with the memory it was shown, same target
+        kept, _ = distilled_rows(with_mem, bare, tok, reads=reads if focus else None, keep_memory=True)
+        assert kept[:len(rows)] == rows and not any(r.get("with_memory") for r in rows)
+        assert [(r["prompt_token_ids"], r["completion_token_ids"], r["with_memory"]) for r in kept[len(rows):]] == [
+            (list(s.prompt_token_ids), list(s.completion_token_ids), True) for s in solved]
+        assert tok.decode(kept[-1]["prompt_token_ids"]).count("Refunds now only") == 1
         # anchors: tasks already solved without memory (1 and 3), their own memory-free steps (focused:
         # from the first that is not a read), so many tasks per distilled task
         for ratio, anchor_tasks in ((1.0, [1]), (2.0, [1, 3]), (5.0, [1, 3])):
