@@ -64,8 +64,6 @@ class CycleConfig:
                                         # demo seed 1 was promoted (current +9.5, old rules 0.0 vs +18.0 / -3.0
                                         # without) but served with memory did worse than the cold start with memory
                                         # (0.785 vs 0.855); seed 0 lost more (-3.5 / -6.5 vs +1.0 / -2.5 without)
-    distill_keep_memory: bool = False   # each distilled step also as a row with the memory it was shown (the
-                                        # service serves with memory; evolve.distill.distilled_rows)
     memory_rl_tasks: int = 0            # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # Off: at 32 (demo seed 0, build D) the candidate gained more (+15.5 vs

@@ -35,7 +35,7 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     tasks = [(tenant, t) for tenant, ts in per_tenant.items() for t in ts]
     stats: dict[str, Any] = {"distill_tasks": len(tasks), "with_memory": 0, "without_memory": 0,
                              "memory_made_the_difference": 0, "neighbour_tasks": 0, "neighbours_only_memory_solved": 0,
-                             "neighbours_solved_without_memory": 0, "distilled_rows": 0, "anchor_rows": 0, "memory_rows": 0,
+                             "neighbours_solved_without_memory": 0, "distilled_rows": 0, "anchor_rows": 0,
                              "outcomes": []}
     if not tasks:
         return [], stats
@@ -63,8 +63,7 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     tasks = [t for _, t in tasks]
     stats["memory_rl"] = unsolved_with_memory(tasks, notes, with_mem, cfg.memory_rl_tasks, cfg.seed)
     reads = [read_tools(cfg.domain, t) for t in tasks] if cfg.distill_focus else None
-    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads,
-                                             cfg.distill_keep_memory)
+    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads)
     for i, o in enumerate(stats["outcomes"]):
         if i < stats["neighbour_tasks"]:
             o["neighbour"] = True
@@ -75,7 +74,6 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
         stats["without_memory"] += o["without_memory"]
         stats["memory_made_the_difference"] += only_memory_solved(o)
     stats["anchor_rows"] = sum(bool(r.get("anchor")) for r in rows)
-    stats["memory_rows"] = sum(bool(r.get("with_memory")) for r in rows)
     stats["distilled_rows"] = len(rows) - stats["anchor_rows"]
     return rows, stats
 
@@ -93,7 +91,7 @@ def neighbours_of_distilled(tasks: list[tuple[str, Any]], with_memory: list, bar
 
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,
-                   reads: list[set[str]] | None = None, keep_memory: bool = False) -> tuple[list[dict], list[dict]]:
+                   reads: list[set[str]] | None = None) -> tuple[list[dict], list[dict]]:
     """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
     memory failed: every step, its prompt's memory section emptied; and each task's outcomes.
 
@@ -105,11 +103,7 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
     With `reads` (each task's read tools: `read_tools`), the rows are focused on decisions
     (`CycleConfig.distill_focus`): a distilled task's steps from the first action that differs
     from the memory-free run's on (`first_divergence`: the steps before it are what the policy
-    already does), an anchor's from its first action that is not a read on (`first_decision`).
-
-    With `keep_memory`, each distilled step is also a row with the memory it was shown (`"with_memory":
-    True`): the service serves the candidate with memory, and rows all without it taught build D's
-    seed-1 candidate to follow memory worse than the policy it replaced (0.785 vs 0.855)."""
+    already does), an anchor's from its first action that is not a read on (`first_decision`)."""
     from runtime.scaffolds import without_memory
 
     rows, anchors, outcomes = [], [], []
@@ -120,11 +114,8 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
             anchors.append((b.task_id, b.steps[first_decision(b, reads[i]):] if reads else b.steps))
         if not only_memory_solved(ok):
             continue
-        steps = [s for s in w.steps[first_divergence(w, b) if reads else 0:] if s.completion_token_ids]
         rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
-                 for s in steps]
-        if keep_memory:
-            rows += [{**_row(w.task_id, list(s.prompt_token_ids), s), "with_memory": True} for s in steps]
+                 for s in w.steps[first_divergence(w, b) if reads else 0:] if s.completion_token_ids]
     n_distilled = sum(only_memory_solved(o) for o in outcomes)
     for task_id, steps in anchors[:round(anchor_ratio * n_distilled)]:
         rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True} for s in steps if s.completion_token_ids]

@@ -187,7 +187,7 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True,
            for r in _read_jsonl(exp_dir / "sft.jsonl")]
     sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
             for r in _read_jsonl(exp_dir / "corrections.jsonl")]
-    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # without memory (but "with_memory")
+    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # already without memory
                  for r in _read_jsonl(exp_dir / "distilled.jsonl")] if (exp_dir / "distilled.jsonl").exists() else []
     if not distill_focus:
         sft, distilled = sft + distilled, []
@@ -331,7 +331,8 @@ def memory_slice(cfg: CycleConfig, mem, trajs: list, n: int = 0) -> tuple[list, 
     default `cfg.gate_tasks`), each with the notes the runtime would recall from that tenant's
     memory (`recalled_notes`). Why: the service serves the promoted adapter *with* memory, and on
     build D's seed-1 demo a candidate promoted on the memory-free slices followed memory worse
-    than the policy it replaced (0.785 vs 0.855 with memory on fresh tasks)."""
+    than the policy it replaced (0.785 vs 0.855 with memory on fresh tasks); this slice rejects that
+    candidate (-9.0 points: 25 of its 32 losses were refunds over the new escalation threshold)."""
     from runtime.graph import recalled_notes
 
     pairs = [(tenant, t) for tenant, ts in tenant_tasks(cfg, trajs, n or cfg.gate_tasks, "gate-memory").items()

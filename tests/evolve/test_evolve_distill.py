@@ -115,12 +115,6 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
             assert r["completion_token_ids"] == s.completion_token_ids
         assert tok.decode(rows[0]["prompt_token_ids"]).count("Refunds now only") == 0
         assert not any(r.get("anchor") for r in rows)
-        # keep_memory: each distilled step also with the memory it was shown, same target
-        kept, _ = distilled_rows(with_mem, bare, tok, reads=reads if focus else None, keep_memory=True)
-        assert kept[:len(rows)] == rows and not any(r.get("with_memory") for r in rows)
-        assert [(r["prompt_token_ids"], r["completion_token_ids"], r["with_memory"]) for r in kept[len(rows):]] == [
-            (list(s.prompt_token_ids), list(s.completion_token_ids), True) for s in solved]
-        assert tok.decode(kept[-1]["prompt_token_ids"]).count("Refunds now only") == 1
         # anchors: tasks already solved without memory (1 and 3), their own memory-free steps (focused:
         # from the first that is not a read), so many tasks per distilled task
         for ratio, anchor_tasks in ((1.0, [1]), (2.0, [1, 3]), (5.0, [1, 3])):
