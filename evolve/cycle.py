@@ -68,6 +68,13 @@ class CycleConfig:
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # Off: at 32 (demo seed 0, build D) the candidate gained more (+15.5 vs
                                         # +13.0 current, +22.0 vs +9.5 held out) and forgot more (6.0 vs 2.5)
+    rehearsal_examples: int = 256       # cold-start-style oracle episodes whose recalled memory states a rule the
+                                        # shown policy does not (training.sft_data's `memory` kind), rehearsed
+                                        # `rehearsal_per_step` rows a step (evolve.stages.memory_rehearsal).
+                                        # Demo seed 1, build D, gate current / old rules / held out / with
+                                        # memory: 0 gave +15.0 / -6.5 / +4.0 / +1.0, 256 +18.0 / -3.5 / +1.5 /
+                                        # 0.0 (before one-path strategies: +16.0 / -3.5 and +5.5 / -0.5)
+    rehearsal_per_step: int = 8
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training. Until the scheduler's

@@ -34,10 +34,15 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
     Strategies come only from `current` episodes (the cycle passes: under the rules in force now).
     Why: after a silent shift an earlier success is stale advice whose text cannot say when it
     still holds; "get_order then exchange then reply succeeded", mined from v1 episodes, kept the
-    served agent exchanging after the exchange window shrank. Known: a request kind whose path the
-    facts decide (refund inside or outside the window) can still give a strategy that misleads; keeping
-    only kinds with one sure path fixed that on build C's demo but its candidates then forgot more
-    (old rules -7.0 / -6.0 vs -3.5 / -2.0 on seeds 1 / 2, one run each), so it was reverted (stop 28)."""
+    served agent exchanging after the exchange window shrank. And only for a request kind (tenant,
+    template) that succeeded by one path in the window: where several did, the facts chose (refund
+    inside or outside the window, over or under the escalation threshold), and a trained candidate
+    follows whichever one memory recalls. On build D's demo seed 1 it answered in-window refunds over
+    150 with "denied" as "get_customer then get_order then reply succeeded" (mined from denials)
+    said, where the cold start escalated: with the window's strategies it scored 143 of 200 on the
+    gate's `with_memory` slice vs the cold start's 163, without them 154 vs 153 (stop 35).
+    The demo's gate then passed `with_memory` (+1.0; 0.0 with rehearsal) and rejected on old rules
+    (-6.5; -3.5): more tasks only memory solved (45 vs 36) were distilled, as on build C (stop 28)."""
     specs: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def add(tenant: str, kind: str, text: str, traj: Trajectory, step: int | None, evidence: str,
@@ -88,7 +93,9 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
             add(tenant, "user_preference", f"User {user} usually {verb} proposed changes.",
                 answer_src[(tenant, user)], None, f"{k} of {n} answers were {kind}",
                 {"type": "preference", "user": user, "answers": dict(c)})
-    return list(specs.values())
+    paths = Counter((s["tenant"], s["payload"]["template"]) for s in specs.values() if s["kind"] == "strategy")
+    return [s for s in specs.values()  # several paths succeeded: the facts decide, a strategy would mislead
+            if s["kind"] != "strategy" or paths[(s["tenant"], s["payload"]["template"])] == 1]
 
 
 def content_order(trajs: Iterable[Trajectory]) -> list[Trajectory]:

@@ -190,15 +190,30 @@ def corpus_texts(n: int = 1500, seed: int = 0) -> list[str]:
     return texts
 
 
+def _encoded_segments(ex: Example, tokenizer) -> list[list[int]]:
+    sc = get(ex.scaffold)
+    return [sc.encode(tokenizer, text, first=(j == 0)) for j, (text, _) in enumerate(ex.segments)]
+
+
+def example_steps(ex: Example, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) of each target segment, the prompt being every segment before
+    it: the rows a rollout of the same episode gives, encoded as `encode_example` encodes them."""
+    out: list[tuple[list[int], list[int]]] = []
+    ids: list[int] = []
+    for seg, (_, target) in zip(_encoded_segments(ex, tokenizer), ex.segments):
+        if target:
+            out.append((list(ids), seg))
+        ids += seg
+    return out
+
+
 def encode_example(ex: Example, tokenizer) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of an example, segment by segment exactly as a rollout encodes it. The mask
     is 0 on context, 1 on completions, `DECISION` on completions that act on the rules (the
     coldstart loss weights those up: the reads and ids are easy, the decision is what fails)."""
-    sc = get(ex.scaffold)
     ids: list[int] = []
     mask: list[int] = []
-    for j, (text, target) in enumerate(ex.segments):
-        seg = sc.encode(tokenizer, text, first=(j == 0))
+    for j, seg in enumerate(_encoded_segments(ex, tokenizer)):
         ids += seg
-        mask += [DECISION if j in ex.decisions else int(target)] * len(seg)
+        mask += [DECISION if j in ex.decisions else int(ex.segments[j][1])] * len(seg)
     return ids, mask

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -196,14 +197,34 @@ def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
     assert len(dist_sft) == 6 + 2 * n_mem and len(dist_pairs) == 3 + n_mem
     assert [r.prompt_ids for r in dist_sft[6:]] == [b for b in bare + bare if b is not None]
     pool = TaskPool(tasks={t.id: t for t in generate_tasks("retail", 2, seed=3, split="train")},
-                    sft_rows=sft, sft_focus=focus, pref_pairs=pairs)
+                    sft_rows=sft, sft_focus=focus, pref_pairs=pairs, rehearsal=sft[:3])
     cfg = RLConfig(model=str(tiny_policy), out_dir=str(tmp_path / "rl"), steps=2, groups_per_step=1, group_size=2,
-                   max_turns=2, n_workers=1, sft_coef=1.0, pref_coef=1.0, experience_per_step=4, progress=False)
+                   max_turns=2, n_workers=1, sft_coef=1.0, pref_coef=1.0, experience_per_step=4,
+                   rehearsal_per_step=2, progress=False)
     train_rl(cfg, pool=pool)
     m = read_metrics(tmp_path / "rl")
-    assert [r["pref_pairs"] for r in m] == [3.0, 3.0] and all(r["sft_rows"] >= 4 for r in m)
+    assert [r["pref_pairs"] for r in m] == [3.0, 3.0] and all(r["sft_rows"] >= 4 + 2 for r in m)
+    assert [r["rehearsal_rows"] for r in m] == [2, 2]
     assert m[0]["pref_loss"] == pytest.approx(math.log(2), abs=1e-3)  # step 1: adapter B = 0, policy == reference
     assert m[1]["pref_loss"] < m[0]["pref_loss"]  # the same three pairs, after one update
+
+
+def test_memory_rehearsal_rows_show_a_memory_the_right_action_follows(tiny_policy):
+    """`memory_rehearsal`: seeded oracle episodes of the cycle's domain in which recalled memory
+    states a rule the shown policy does not: every row's prompt shows policy v1 and a memory
+    section, and its completion is one whole action."""
+    from evolve.stages import memory_rehearsal
+    from runtime.scaffolds import without_memory
+    from training.policy import load_tokenizer
+
+    rows = memory_rehearsal(Path(tiny_policy), "retail", 6, seed=0)
+    assert rows == memory_rehearsal(Path(tiny_policy), "retail", 6, seed=0) != memory_rehearsal(
+        Path(tiny_policy), "retail", 6, seed=1)
+    tok = load_tokenizer(tiny_policy)
+    assert len(rows) >= 6 and all(r.sft and without_memory(tok, r.prompt_ids) is not None for r in rows)
+    texts = [tok.decode(r.completion_ids) for r in rows]
+    assert all(t.endswith("<|end|>") and t.count("<|end|>") == 1 for t in texts)
+    assert all("retail policy v1" in tok.decode(r.prompt_ids) for r in rows)
 
 
 def test_next_cycle_with_nothing_new_changes_nothing(clean_cycle, tiny_policy, tmp_path):

@@ -83,6 +83,27 @@ def test_items_have_provenance_and_support_and_are_deduplicated():
     assert not [s for s in stale if s["kind"] == "strategy"] and len(stale) == len(specs) - 1
 
 
+def test_a_request_that_succeeded_by_two_paths_gives_no_strategy():
+    """Two paths that both succeeded for one kind of request mean the facts chose between them:
+    either as a strategy would mislead (the served agent denied refunds it should have escalated
+    when recalled "get_customer then get_order then reply succeeded"). One path, however often, stays."""
+    task = _task(2)
+    exchanged = [('get_order {"order_id":"O-3"}', "order ..."), ('exchange {"order_id":"O-3"}', "done"),
+                 ('reply {"text":"exchanged"}', "reply sent")]
+    declined = [('get_order {"order_id":"O-3"}', "order ..."), ('reply {"text":"outside the window"}', "reply sent")]
+
+    def strategies(paths):
+        specs = mine_items([_traj(task, p, [], "success") for p in paths], "cycle-x")
+        return [s for s in specs if s["kind"] == "strategy"]
+
+    one = strategies([exchanged, exchanged])
+    assert len(one) == 1 and one[0]["payload"]["support"] == 2
+    assert strategies([exchanged, declined]) == []
+    other_tenant = mine_items([_traj(task, exchanged, [], "success"),
+                               _traj(task, declined, [], "success", tenant="globex")], "cycle-x")
+    assert len([s for s in other_tenant if s["kind"] == "strategy"]) == 2  # each tenant saw one path
+
+
 def test_mining_the_same_window_twice_adds_no_item(tmp_path):
     from memory import MemoryService
 

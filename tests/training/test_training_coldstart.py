@@ -15,7 +15,7 @@ from dynamic_bench import get_domain
 from dynamic_bench.actions import format_action
 from training.coldstart import DONE, config_for, ensure_coldstart, train_coldstart
 from training.coldstart_eval import evaluate, memory_tasks, pass_at_k
-from training.sft_data import DECISION, encode_example, generate_examples
+from training.sft_data import DECISION, encode_example, example_steps, generate_examples
 
 TINY = dict(n_examples=120, n_corpus=80, max_steps=12, batch_size=4, save_every=4, num_threads=1, copy_warmup_steps=6)
 
@@ -77,6 +77,23 @@ def test_loss_mask_covers_completions_only(bench_policy):
         assert "<|end|>" in target_text and "<|obs|>" not in target_text and "<|system|>" not in target_text
         n_targets = sum(1 for _, t in e.segments if t)
         assert target_text.count("<|end|>") == n_targets
+
+
+def test_example_steps_are_the_rows_a_rollout_of_the_example_gives(bench_policy):
+    """Each target segment becomes (every id before it, its own ids): concatenated, the rows
+    rebuild `encode_example`'s ids, and the completions are exactly its masked spans."""
+    from training.policy import load_tokenizer
+
+    tok = load_tokenizer(bench_policy)
+    for e in generate_examples(6, seed=3):
+        ids, mask = encode_example(e, tok)
+        steps = example_steps(e, tok)
+        assert len(steps) == sum(1 for _, t in e.segments if t)
+        for prompt, completion in steps:
+            end = len(prompt) + len(completion)
+            assert ids[:end] == prompt + completion and all(mask[len(prompt):end])
+            assert len(prompt) == 0 or not mask[len(prompt) - 1]  # a whole segment, not a piece of one
+        assert sum(len(c) for _, c in steps) == sum(1 for m in mask if m)
 
 
 def test_decision_completions_are_the_rule_actions_not_the_reads():

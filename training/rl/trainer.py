@@ -73,6 +73,7 @@ class RLConfig:
     dpo_beta: float = 0.1
     experience_per_step: int = 8  # logged SFT rows and preference pairs drawn into each step
     keep_corrections: bool = True  # the run's corrections join the logged rows that each step draws from
+    rehearsal_per_step: int = 8  # rows of TaskPool.rehearsal drawn into each step (with sft_coef > 0)
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -128,6 +129,9 @@ class TaskPool:
     # memory notes shown to the policy when it plays a task (ids → notes; absent: no memory), as the
     # runtime shows recalled memory: RL that rewards acting on what memory says
     memory: dict[str, list[str]] = field(default_factory=dict)
+    # supervised rows of a skill the run must keep though no task exercises it (e.g. following a
+    # recalled memory item: evolve.stages.memory_rehearsal), `rehearsal_per_step` in each step
+    rehearsal: list[Row] = field(default_factory=list)
 
 
 def _draw(items: list, k: int, seed: str) -> list:
@@ -293,7 +297,9 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             fresh: list[Row] = correction_rows(admitted, learner.tokenizer) if cfg.sft_coef else []
             logged = (experience_rows(pool, corrections, cfg.experience_per_step, f"{cfg.seed}/sft/{step}")
                       if cfg.sft_coef else [])
-            sft = fresh + anchors + logged
+            rehearsed = (_draw(pool.rehearsal, cfg.rehearsal_per_step, f"{cfg.seed}/rehearsal/{step}")
+                         if cfg.sft_coef else [])
+            sft = fresh + anchors + logged + rehearsed
             if cfg.keep_corrections:  # later steps redraw them: ~5 new ones a step are too few to learn from once
                 known = {(tuple(r.prompt_ids), tuple(r.completion_ids)) for r in corrections}
                 corrections += [r for r in fresh if (tuple(r.prompt_ids), tuple(r.completion_ids)) not in known]
@@ -310,7 +316,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             row = {"step": step, "version": version, "wall_s": time.perf_counter() - t_start,
                    "wait_s": t1 - t0, "train_s": time.perf_counter() - t1, **group_stats(admitted), **lstats,
                    "groups_trained": len(groups) - rstats["zero_var_groups"], **cstats,
-                   "replay_anchor_rows": len(anchors),
+                   "replay_anchor_rows": len(anchors), "rehearsal_rows": len(rehearsed),
                    "stale_rejected": cstats["groups_stale"], "staleness_mean": sum(lags) / max(len(lags), 1),
                    "staleness_hist": {str(k): lags.count(k) for k in sorted(set(lags))},
                    "scheduler": sched.counts(), "tasks": _task_states(sched)}
