@@ -213,7 +213,7 @@ def encode_example(ex: Example, tokenizer) -> tuple[list[int], list[int]]:
     coldstart loss weights those up: the reads and ids are easy, the decision is what fails)."""
     ids: list[int] = []
     mask: list[int] = []
-    for j, seg in enumerate(_encoded_segments(ex, tokenizer)):
+    for j, (seg, (_, target)) in enumerate(zip(_encoded_segments(ex, tokenizer), ex.segments)):
         ids += seg
-        mask += [DECISION if j in ex.decisions else int(ex.segments[j][1])] * len(seg)
+        mask += [DECISION if j in ex.decisions else int(target)] * len(seg)
     return ids, mask
