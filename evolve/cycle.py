@@ -70,10 +70,12 @@ class CycleConfig:
                                         # +13.0 current, +22.0 vs +9.5 held out) and forgot more (6.0 vs 2.5)
     rehearsal_examples: int = 256       # cold-start-style oracle episodes whose recalled memory states a rule the
                                         # shown policy does not (training.sft_data's `memory` kind), rehearsed
-                                        # `rehearsal_per_step` rows a step (evolve.stages.memory_rehearsal).
+                                        # `rehearsal_per_step` rows a step (evolve.stages.rehearsal_examples).
                                         # Demo seed 1, build D, gate current / old rules / held out / with
                                         # memory: 0 gave +15.0 / -6.5 / +4.0 / +1.0, 256 +18.0 / -3.5 / +1.5 /
                                         # 0.0 (before one-path strategies: +16.0 / -3.5 and +5.5 / -0.5)
+    rehearsal_old_rule_examples: int = 0  # first-rule oracle episodes without memory, kept where the latest rules
+                                        # give the same right actions (evolve.stages.rehearsal_examples)
     rehearsal_per_step: int = 8
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8

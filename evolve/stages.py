@@ -201,19 +201,35 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True,
     return sft, distilled, pairs
 
 
-def memory_rehearsal(policy: Path, domain: str, n: int, seed: int) -> list:
-    """Supervised rows of `n` oracle episodes in which a recalled memory item states a rule the
-    shown policy does not and the right action follows the memory (the cold start's `memory`
-    kind, seeded apart from its data). Why: the rows a cycle learns from are the new rules, with
-    or without the memory that states them; rehearsing the cold start's own skill of reading a rule
-    from memory anchors the candidate to it, and on build D's seed-1 demo cut forgetting on old
-    rules by 3.0 points with and without one-path strategies (see CycleConfig.rehearsal_examples)."""
+def rehearsal_examples(domain: str, n_memory: int, n_old_rules: int, seed: int, latest_rules: dict | None) -> list:
+    """Seeded cold-start oracle episodes (training.sft_data) a candidate rehearses while it learns
+    the new rules (`TaskPool.rehearsal`): `n_memory` of the `memory` kind (a recalled memory item
+    states a rule the shown policy does not, and the right action follows it) and, of `n_old_rules`
+    first-rule episodes without memory (`plain`), those whose right actions `latest_rules` keep
+    (`same_answer`: the others would teach the old rule on the new rules' prompt after a silent shift).
+
+    Why: the rows a cycle learns from are the new rules, with or without the memory that states
+    them. Rehearsing the memory kind cut old-rule forgetting by 3.0 points on build D's seed-1 demo
+    (6.5 -> 3.5, and 3.5 -> 0.5 before one-path strategies); the first-rule episodes the shift left
+    right are what the gate's old-rule slice asks (see CycleConfig.rehearsal_old_rule_examples)."""
+    from dynamic_bench import get_domain
+    from training.sft_data import generate_examples
+
+    d = get_domain(domain)
+    out = generate_examples(n_memory, seed=30_000 + seed, domains=(domain,), kind_weights={"memory": 1.0}) if n_memory else []
+    plain = generate_examples(n_old_rules, seed=40_000 + seed, domains=(domain,),
+                              kind_weights={"plain": 1.0}) if n_old_rules else []
+    return out + [ex for ex in plain if latest_rules is None
+                  or d.same_answer(ex.meta["params"], ex.meta["params"]["rules"], latest_rules)]
+
+
+def rehearsal_rows(policy: Path, examples: list) -> list:
+    """Each example's steps as supervised rows (`example_steps`: what a rollout of it would give)."""
     from training.policy import load_tokenizer
     from training.rl.learner import Row
-    from training.sft_data import example_steps, generate_examples
+    from training.sft_data import example_steps
 
     tok = load_tokenizer(policy)
-    examples = generate_examples(n, seed=30_000 + seed, domains=(domain,), kind_weights={"memory": 1.0})
     return [Row(p, c, [], sft=True) for ex in examples for p, c in example_steps(ex, tok)]
 
 
@@ -227,6 +243,7 @@ def train(ctx: CycleContext) -> dict:
     learn = [r for r in rows if not r["replay"]]
     if not learn:
         return {"skipped": "no tasks to learn from", "candidate": None}
+    contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
     pool = TaskPool()
     for r in rows:
         t = Task.model_validate(r["task"])
@@ -240,10 +257,11 @@ def train(ctx: CycleContext) -> dict:
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
         pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(ctx.dir / "experience", base,
                                                                            cfg.distill_memory, cfg.distill_focus)
-        if cfg.rehearsal_examples:
-            pool.rehearsal = memory_rehearsal(base, cfg.domain, cfg.rehearsal_examples, cfg.seed)
+        if cfg.rehearsal_examples or cfg.rehearsal_old_rule_examples:
+            pool.rehearsal = rehearsal_rows(base, rehearsal_examples(
+                cfg.domain, cfg.rehearsal_examples, cfg.rehearsal_old_rule_examples, cfg.seed,
+                contexts[-1]["rules"] if contexts else None))
     if cfg.train_heldout_tasks:  # scored during training, so the diagnosis can tell learning from memorising
-        contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
         heldout = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")
         pool.heldout = {k: heldout[k] for k in ("current", "old_rules") if heldout.get(k)}
     rl = RLConfig(model=str(base), out_dir=str(ctx.dir / "train"), env_id=f"driftbench/{cfg.domain}-v1",

@@ -158,7 +158,7 @@ def oracle_example(domain: str, kind: str, scaffold: str, rng: random.Random, co
         return None
     return Example(segs, domain, kind, scaffold, corrected=any(not tgt and i > 1 and i % 2 == 0
                                                               for i, (_, tgt) in enumerate(segs)),
-                   meta={"task_id": task.id, "memory": notes}, decisions=tuple(decisions))
+                   meta={"task_id": task.id, "memory": notes, "params": task.params}, decisions=tuple(decisions))
 
 
 def generate_examples(n: int, seed: int, domains: tuple[str, ...] = tuple(DOMAINS),

@@ -210,21 +210,41 @@ def test_logged_experience_reaches_the_learner(traffic, tiny_policy, tmp_path):
 
 
 def test_memory_rehearsal_rows_show_a_memory_the_right_action_follows(tiny_policy):
-    """`memory_rehearsal`: seeded oracle episodes of the cycle's domain in which recalled memory
-    states a rule the shown policy does not: every row's prompt shows policy v1 and a memory
-    section, and its completion is one whole action."""
-    from evolve.stages import memory_rehearsal
+    """`rehearsal_examples` of the memory kind: seeded oracle episodes of the cycle's domain in
+    which recalled memory states a rule the shown policy does not: every row's prompt shows policy
+    v1 and a memory section, and its completion is one whole action."""
+    from evolve.stages import rehearsal_examples, rehearsal_rows
     from runtime.scaffolds import without_memory
     from training.policy import load_tokenizer
 
-    rows = memory_rehearsal(Path(tiny_policy), "retail", 6, seed=0)
-    assert rows == memory_rehearsal(Path(tiny_policy), "retail", 6, seed=0) != memory_rehearsal(
-        Path(tiny_policy), "retail", 6, seed=1)
+    def rows_for(seed: int) -> list:
+        return rehearsal_rows(Path(tiny_policy), rehearsal_examples("retail", 6, 0, seed, None))
+
+    rows = rows_for(0)
+    assert rows == rows_for(0) != rows_for(1)
     tok = load_tokenizer(tiny_policy)
     assert len(rows) >= 6 and all(r.sft and without_memory(tok, r.prompt_ids) is not None for r in rows)
     texts = [tok.decode(r.completion_ids) for r in rows]
     assert all(t.endswith("<|end|>") and t.count("<|end|>") == 1 for t in texts)
     assert all("retail policy v1" in tok.decode(r.prompt_ids) for r in rows)
+
+
+def test_old_rule_rehearsal_keeps_only_episodes_the_latest_rules_agree_with():
+    """First-rule episodes without memory are rehearsed only where the latest rules prescribe the
+    same actions: after a silent shift the prompt is the same, so the others would teach the old rule."""
+    from dynamic_bench import get_domain
+    from evolve.stages import rehearsal_examples
+
+    d = get_domain("retail")
+    v1, v2 = d.versions[1], d.versions[2]
+    kept = rehearsal_examples("retail", 0, 60, 0, v2)
+    unfiltered = rehearsal_examples("retail", 0, 60, 0, None)
+    assert len(unfiltered) == 60 and {e.kind for e in unfiltered} == {"plain"}
+    assert 0 < len(kept) < 60 and all(e.meta["params"]["rules"] == v1 for e in kept)
+    assert all(d.same_answer(e.meta["params"], v1, v2) for e in kept)
+    assert [e.meta["task_id"] for e in kept] == [e.meta["task_id"] for e in unfiltered
+                                                 if d.same_answer(e.meta["params"], v1, v2)]
+    assert len(rehearsal_examples("retail", 5, 60, 0, v2)) == 5 + len(kept)
 
 
 def test_next_cycle_with_nothing_new_changes_nothing(clean_cycle, tiny_policy, tmp_path):
