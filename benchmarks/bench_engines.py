@@ -8,10 +8,11 @@ adapter version, including the switch itself; target <= 50 ms), `E/hot_swap_load
 ratio `vllm_over_torch_tokens_per_s@B`. Prompts are real DriftBench prompts (policy, tools,
 user request) of the `small` preset's tokenizer; completions are forced to full length.
 
-    .venv/bin/python benchmarks/bench_engines.py --out engines.json [--quick] [--with-vllm]
+    .venv/bin/python benchmarks/bench_engines.py --out engines.json [--quick] [--with-vllm] [--device cuda]
 
 `--quick` measures the torch engine only (batch 1 and 8) unless `--with-vllm` is given: vLLM
-takes 20-60 s just to start.
+takes 20-60 s just to start. `--device` is where the torch engine and the HF rescoring run
+(recorded as `device`, with `gpu` naming the CUDA device); vLLM picks its own.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def prompts_for(tok, n: int) -> list[list[int]]:
     return out
 
 
-def measure(engine, name: str, prompts, batches, new_tokens: int, model_dir: Path, adapters, res: dict) -> None:
+def measure(engine, name: str, prompts, batches, new_tokens: int, model_dir: Path, adapters, res: dict,
+            device: str = "cpu") -> None:
     from training.consistency import compare
     from training.engines import SamplingParams
     from training.policy import load_model
@@ -50,11 +52,11 @@ def measure(engine, name: str, prompts, batches, new_tokens: int, model_dir: Pat
         dt = time.perf_counter() - t
         res[f"{name}/tokens_per_s@{b}"] = round(sum(len(g.token_ids) for g in gens) / dt, 1)
     gens = engine.generate(prompts[:8], sp)
-    rep = compare(load_model(model_dir), prompts[:8], gens)
+    rep = compare(load_model(model_dir).to(device), prompts[:8], gens)
     res[f"{name}/logprob_mismatch_mean"], res[f"{name}/logprob_mismatch_max"] = rep.mean_abs, rep.max_abs
     engine.load_adapter(str(adapters[0]), "v1")
     gens = engine.generate(prompts[:8], sp)
-    rep = compare(load_model(model_dir, adapter=adapters[0]), prompts[:8], gens)
+    rep = compare(load_model(model_dir, adapter=adapters[0]).to(device), prompts[:8], gens)
     res[f"{name}/logprob_mismatch_mean_adapter"] = rep.mean_abs
     res[f"{name}/logprob_mismatch_max_adapter"] = rep.max_abs
     one = SamplingParams(max_new_tokens=1, temperature=0.0)
@@ -86,6 +88,7 @@ def main() -> None:
     ap.add_argument("--with-vllm", action="store_true", help="include vLLM in --quick")
     ap.add_argument("--model", help="policy folder (default: a fresh `small` preset policy)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the torch engine and the rescoring run")
     args = ap.parse_args()
 
     import importlib.util
@@ -106,9 +109,11 @@ def main() -> None:
     batches = (1, 8) if args.quick else (1, 8, 32, 64)
     new_tokens = 16 if args.quick else 32
     res: dict = {"quick": args.quick, "model": str(model), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
-                 "new_tokens": new_tokens}
-    eng = make_engine(f"torch:{model}")
-    measure(eng, "torch", prompts, batches, new_tokens, model, adapters, res)
+                 "new_tokens": new_tokens, "device": args.device}
+    if args.device.startswith("cuda"):
+        res["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
+    eng = make_engine(f"torch:{model}", device=args.device)
+    measure(eng, "torch", prompts, batches, new_tokens, model, adapters, res, args.device)
     eng.close()
     want_vllm = (not args.quick) or args.with_vllm
     if want_vllm and importlib.util.find_spec("vllm") is not None:
@@ -116,7 +121,7 @@ def main() -> None:
         eng = make_engine(f"vllm:{model}", max_model_len=1024)
         res["vllm/start_s"] = round(time.perf_counter() - t, 1)
         try:
-            measure(eng, "vllm", prompts, batches, new_tokens, model, adapters, res)
+            measure(eng, "vllm", prompts, batches, new_tokens, model, adapters, res, args.device)
         finally:
             eng.close()
         for b in batches:

@@ -10,6 +10,11 @@ old-rule (scoped-out) tasks whose answer v2 did not change, before RL minus afte
 success >= 90% within 30 minutes with <= 3 points forgetting; the figures say what this machine reaches.
 
     .venv/bin/python benchmarks/bench_rl_shift.py --out bench-out/bench_rl_shift.json [--quick] [--model DIR]
+        [--device cuda] [--minutes M]
+
+`--device` is where the learner and the rollout engines run (recorded with the GPU's name);
+`--minutes` caps the learner steps' wall-clock, shared evenly by the arms (each arm stops after the
+step that crosses its share, then scores its held-out sets once more), so a run fits a time budget.
 
 Figures mean something with `--model runs/bench_cold_start/small/policy` (the demo's policy): the
 default tiny cold start (20 SFT steps, built in seconds for the smoke test) solves no task, so its
@@ -50,9 +55,12 @@ def run(args: argparse.Namespace) -> dict:
                     ppo_epochs=args.ppo_epochs,
                     experience_per_step=args.experience,
                     eval_every=args.eval_every, eta=args.eta, seed=args.seed, checkpoint_every=10**6,
-                    progress=False, resume=False)
+                    progress=False, resume=False, device=args.device)
+    gpu = {"gpu": torch.cuda.get_device_name(torch.device(args.device))} if args.device.startswith("cuda") else {}
     res: dict = {"model": model, "steps": args.steps, "quick": bool(args.quick), "cpu_count": os.cpu_count(),
-                 "new_rule_affected_share": sum(map(old_rules_fail, heldout["new"])) / max(len(heldout["new"]), 1)}
+                 "device": args.device, "minutes": args.minutes,
+                 "new_rule_affected_share": sum(map(old_rules_fail, heldout["new"])) / max(len(heldout["new"]), 1),
+                 **gpu}
     curves = {}
     arms = {a: s for a, s in {"no_replay": 0.0, "replay": args.replay_share}.items() if a in args.arms.split(",")}
     if not arms:
@@ -62,7 +70,8 @@ def run(args: argparse.Namespace) -> dict:
         if share:
             pool.tasks.update({t.id: t for t in old_train})
             pool.replay = {t.id for t in old_train}
-        cfg = RLConfig(**{**base.__dict__, "out_dir": str(work / arm), "replay_share": share})
+        cfg = RLConfig(**{**base.__dict__, "out_dir": str(work / arm), "replay_share": share,
+                          "max_minutes": args.minutes / len(arms)})
         train_rl(cfg, pool=pool)
         rows = read_metrics(work / arm)
         # the run scores the policy before its first update (same engine seed in every arm)
@@ -79,6 +88,7 @@ def run(args: argparse.Namespace) -> dict:
         res[f"{arm}_steps_to_90"] = hit[0] if hit else None
         res[f"{arm}_seconds_to_90"] = hit[1] if hit else None
         res[f"{arm}_wall_s"] = rows[-1]["wall_s"] if rows else 0.0
+        res[f"{arm}_steps_done"] = rows[-1]["step"] if rows else 0
         res[f"{arm}_train_reward_final"] = rows[-1]["reward_mean"] if rows else 0.0
         res[f"{arm}_sft_rows"] = sum(r.get("sft_rows", 0) for r in rows)
         res[f"{arm}_zero_var_frac"] = sum(r["zero_var_frac"] for r in rows) / max(len(rows), 1)
@@ -147,6 +157,9 @@ def main() -> None:
     ap.add_argument("--ppo-epochs", type=int, default=4, help="optimizer steps per batch (proximal policy frozen)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="no_replay,replay", help="which arms to run (comma-separated)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the learner and the rollout engines run")
+    ap.add_argument("--minutes", type=float, default=0.0,
+                    help="wall-clock cap on the learner steps of all arms together (0: --steps only)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.groups, args.group_size, args.tasks, args.heldout = 1, 1, 2, 2, 2

@@ -60,6 +60,7 @@ def consistency(
     max_new_tokens: int = typer.Option(32),
     temperature: float = typer.Option(1.0),
     seed: int = typer.Option(0),
+    device: str = typer.Option("cpu", help="cpu | cuda: where the rescoring (and a torch engine) runs"),
 ) -> None:
     """Sample with an engine, rescore the exact ids with HF (+ peft), report per-token mismatch."""
     from training.consistency import run_consistency
@@ -67,7 +68,7 @@ def consistency(
     spec = engine if ":" in engine else f"{engine}:{model}"
     out.mkdir(parents=True, exist_ok=True)
     rep = run_consistency(spec, model, adapter=adapter, n_prompts=prompts, max_new_tokens=max_new_tokens,
-                          temperature=temperature, seed=seed, out=out / "consistency.json")
+                          temperature=temperature, seed=seed, out=out / "consistency.json", device=device)
     typer.echo(f"{spec}: {rep.n_tokens} tokens, mean |Δ| {rep.mean_abs:.2e}, max |Δ| {rep.max_abs:.2e}")
     typer.echo(f"report: {out / 'consistency.json'}")
 

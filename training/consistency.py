@@ -4,6 +4,8 @@ Why: off-policy corrections assume the behaviour logprobs recorded at sampling t
 policy the trainer thinks it has. Engines with other kernels drift (users of vLLM + FSDP report
 mean |Δ| ≈ 0.011); on identical float32 weights here the mismatch must stay below 1e-4 max and
 1e-5 mean. `sequence_logprobs` is also the trainer-side scorer the RL loss can use.
+
+Rescoring runs on the device the model is on (CPU or CUDA): the check is of that device's kernels.
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ def sequence_logprobs(model, prompts: Sequence[Sequence[int]], completions: Sequ
                       temperature: float = 1.0, pad_id: int = 0) -> list[torch.Tensor]:
     """Per-token logprobs of each completion given its prompt (right padded, one forward pass).
 
-    Keeps the autograd graph when called with gradients enabled (the RL loss uses that).
+    Keeps the autograd graph when called with gradients enabled (the RL loss uses that). Runs on
+    the model's device; the returned tensors are there too.
     """
+    dev = next(model.parameters()).device
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -28,13 +32,13 @@ def sequence_logprobs(model, prompts: Sequence[Sequence[int]], completions: Sequ
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
         mask[i, :len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits.float()
     t = temperature if temperature > 0 else 1.0
     out = []
     for i, (p, c) in enumerate(zip(prompts, completions)):
         n0, n = len(p), len(c)
         lp = torch.log_softmax(logits[i, n0 - 1:n0 + n - 1] / t, dim=-1)
-        out.append(lp.gather(1, torch.tensor(list(c), dtype=torch.long)[:, None])[:, 0])
+        out.append(lp.gather(1, torch.tensor(list(c), dtype=torch.long, device=dev)[:, None])[:, 0])
     return out
 
 
@@ -67,7 +71,8 @@ def compare(model, prompts: Sequence[Sequence[int]], generations, temperature: f
                 continue
             lps = sequence_logprobs(model, [ps[i] for i in keep], [gs[i].token_ids for i in keep], temperature)
             for i, lp in zip(keep, lps):
-                diffs.extend((lp - torch.tensor(gs[i].logprobs, dtype=torch.float32)).abs().tolist())
+                behav = torch.tensor(gs[i].logprobs, dtype=torch.float32, device=lp.device)
+                diffs.extend((lp - behav).abs().tolist())
     t = torch.tensor(diffs or [0.0], dtype=torch.float64)
     return ConsistencyReport(n_sequences=len(prompts), n_tokens=len(diffs), mean_abs=float(t.mean()),
                              max_abs=float(t.max()), per_token=diffs)
@@ -76,8 +81,9 @@ def compare(model, prompts: Sequence[Sequence[int]], generations, temperature: f
 def run_consistency(engine_spec: str, model_path: str | Path, adapter: str | Path | None = None,
                     prompts: Sequence[Sequence[int]] | None = None, n_prompts: int = 16,
                     max_new_tokens: int = 32, temperature: float = 1.0, seed: int = 0,
-                    out: str | Path | None = None) -> ConsistencyReport:
-    """Sample with `engine_spec` (e.g. `torch:DIR`, `vllm:DIR`) and rescore with HF (+ peft)."""
+                    out: str | Path | None = None, device: str = "cpu") -> ConsistencyReport:
+    """Sample with `engine_spec` (e.g. `torch:DIR`, `vllm:DIR`) and rescore with HF (+ peft) on
+    `device` (a torch engine samples there too; vLLM and servers choose their own)."""
     from training.engines import make_engine
     from training.engines.base import SamplingParams
     from training.policy import load_model, load_tokenizer
@@ -85,7 +91,8 @@ def run_consistency(engine_spec: str, model_path: str | Path, adapter: str | Pat
     if prompts is None:
         tok = load_tokenizer(model_path)
         prompts = default_prompts(tok, n_prompts)
-    engine = make_engine(engine_spec)
+    torch_spec = engine_spec.partition(":")[0] not in ("vllm", "openai")
+    engine = make_engine(engine_spec, **({"device": device} if torch_spec else {}))
     try:
         if adapter is not None:
             engine.load_adapter(str(adapter), "consistency")
@@ -93,11 +100,11 @@ def run_consistency(engine_spec: str, model_path: str | Path, adapter: str | Pat
                                                        seed=seed))
     finally:
         engine.close()
-    model = load_model(model_path, adapter=adapter)
+    model = load_model(model_path, adapter=adapter).to(device)
     report = compare(model, prompts, gens, temperature=temperature)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps({"engine": engine_spec, **report.to_dict()}, indent=2))
+        Path(out).write_text(json.dumps({"engine": engine_spec, "device": device, **report.to_dict()}, indent=2))
     return report
 
 

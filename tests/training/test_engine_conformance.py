@@ -1,5 +1,7 @@
-"""One conformance suite, run against every engine available: torch always, vLLM and the
-OpenAI-compatible client (against a real `vllm serve` process) when vLLM is installed.
+"""One conformance suite, run against every engine available: torch always (and torch on CUDA
+when there is a GPU), vLLM and the OpenAI-compatible client (against a real `vllm serve` process)
+when vLLM is installed. The trainer-side model each engine is compared with runs on the engine's
+device, so on a GPU the check is CUDA engine vs CUDA trainer.
 
 Each engine is built once per module (vLLM takes ~20 s to start) and closed at the end.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from training.consistency import compare, default_prompts
 from training.engines import SamplingParams, make_engine
@@ -15,15 +18,18 @@ from training.policy import load_model, load_tokenizer, stop_token_ids
 
 KINDS = [
     "torch",
+    pytest.param("torch-cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="no CUDA device on this machine")),
     pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
     pytest.param("openai", marks=[pytest.mark.vllm, pytest.mark.slow]),
 ]
+TORCH_DEVICES = {"torch": "cpu", "torch-cuda": "cuda"}  # the torch engine's device, passed explicitly
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def engine(request, tiny_policy, tmp_path_factory):
     kind = request.param
-    if kind != "torch" and importlib.util.find_spec("vllm") is None:
+    if kind not in TORCH_DEVICES and importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not importable in this environment (pip install -e '.[vllm]')")
     if kind == "openai":
         from training.engines.openai_engine import VLLMServer
@@ -34,7 +40,10 @@ def engine(request, tiny_policy, tmp_path_factory):
             yield eng
             eng.close()
         return
-    eng = make_engine(f"{kind}:{tiny_policy}", **({"max_model_len": 1024} if kind == "vllm" else {}))
+    if kind in TORCH_DEVICES:
+        eng = make_engine(f"torch:{tiny_policy}", device=TORCH_DEVICES[kind])
+    else:
+        eng = make_engine(f"{kind}:{tiny_policy}", max_model_len=1024)
     yield eng
     eng.close()
 
@@ -49,9 +58,14 @@ def prompts(tok):
     return default_prompts(tok, 6)
 
 
+def _device(engine) -> str:
+    """Where the trainer-side model runs for `engine`: its device (torch), else the CPU."""
+    return str(getattr(engine, "device", "cpu"))
+
+
 @pytest.fixture(scope="module")
-def base_model(tiny_policy):
-    return load_model(tiny_policy)
+def base_model(engine, tiny_policy):
+    return load_model(tiny_policy).to(_device(engine))
 
 
 def test_generate_returns_ids_and_logprobs(engine, prompts):
@@ -133,7 +147,7 @@ def test_adapter_hot_swap(engine, prompts, tiny_policy, tiny_adapter):
     gens = engine.generate(prompts, SamplingParams(max_new_tokens=12, seed=9))
     assert all(g.policy_version == "v1" for g in gens)
     assert [g.token_ids for g in engine.generate(prompts, greedy)] != base
-    peft_model = load_model(tiny_policy, adapter=tiny_adapter)
+    peft_model = load_model(tiny_policy, adapter=tiny_adapter).to(_device(engine))
     rep = compare(peft_model, prompts, gens)
     assert rep.max_abs < 1e-4 and rep.mean_abs < 1e-5, rep
     engine.load_adapter(None, "base")  # back to the base weights: the same greedy outputs as before

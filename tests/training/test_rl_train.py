@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
 
@@ -112,6 +113,20 @@ def test_interrupted_run_resumes_where_it_stopped(drift_policy, tmp_path, deny_p
     assert _trace(part) == _trace(full)  # the resumed run continues exactly as if never stopped
     cfg = json.loads((part / "config.json").read_text())
     assert cfg["steps"] == 6
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))])
+def test_a_run_on_a_device_stops_at_its_wall_clock_budget(drift_policy, tmp_path, deny_pool, device):
+    """`device` carries the learner and the rollout engines; `max_minutes` ends the run after the
+    step that crosses it, which is then scored on the held-out set and checkpointed as a last step."""
+    pool = dataclasses.replace(deny_pool, heldout=list(deny_pool.tasks.values())[:1])
+    out = tmp_path / device
+    adapter = _run(_cfg(drift_policy, out, steps=5, device=device, max_minutes=1e-6, eval_every=10), pool)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1]
+    assert "heldout_success" in rows[0] and "heldout_success_start" in rows[0]
+    assert adapter.exists() and (out / "checkpoint" / "COMPLETE").read_text() == "1"
 
 
 @pytest.mark.ray

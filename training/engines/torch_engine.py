@@ -4,6 +4,10 @@ Logprob convention shared by every engine: the logprob of a sampled token is tak
 `log_softmax(logits / T)` (the distribution it was sampled from, before top-p truncation);
 greedy decoding (T = 0) reports `log_softmax(logits)`. `logprobs(..., temperature=T)` scores
 the same way, so behaviour and trainer logprobs compare like for like.
+
+`device` ("cpu", "cuda"): the model and every tensor the engine makes live there, and so do the
+sampling generators (`torch.multinomial` needs one on the device of the probabilities); results
+come back as Python lists either way. CPU runs are unchanged by it, bit for bit.
 """
 from __future__ import annotations
 
@@ -47,21 +51,26 @@ class TorchEngine(Engine):
 
     def __init__(self, model_path: str | Path | None = None, *, model=None, tokenizer=None,
                  adapter: str | None = None, version: str = "base", seed: int = 0,
-                 max_batch_size: int = 64, keep_adapters: int = 4) -> None:
+                 max_batch_size: int = 64, keep_adapters: int = 4, device: str | None = None) -> None:
+        """`device` None: where a passed `model` already is (the cold start's quality check hands over
+        the model it is training, which must not move), else "cpu"."""
         from training.policy import load_model, load_tokenizer
 
         if model is None:
             if model_path is None:
                 raise ValueError("TorchEngine needs a model_path or a model")
             model = load_model(model_path)
-        self.model = model.eval()
+        if device is None:
+            device = str(next(model.parameters()).device)
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer if tokenizer is not None else (load_tokenizer(model_path) if model_path else None)
         self.model_path = str(model_path) if model_path else None
         self.max_len = int(getattr(model.config, "max_position_embeddings", 2048))
         self.pad_id = int(self.tokenizer.pad_token_id) if self.tokenizer is not None else 0
         self.max_batch_size = max_batch_size
         self.keep_adapters = keep_adapters
-        self._rng = torch.Generator().manual_seed(seed)
+        self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._peft = None
         self._adapters: dict[str, tuple[str, str]] = {}  # version -> (adapter path, slot), LRU order
         self._slots: dict[str, tuple] = {}  # slot -> LoRA layout (r, alpha, targets)
@@ -192,13 +201,16 @@ class TorchEngine(Engine):
         if longest >= self.max_len:
             raise ValueError(f"prompt of {longest} tokens does not fit the model context ({self.max_len})")
         max_new = min(params.max_new_tokens, self.max_len - longest)
-        gens = [torch.Generator().manual_seed(s) if s is not None else self._rng for s in seeds]
+        dev = self.device
+        gens = [torch.Generator(device=dev).manual_seed(s) if s is not None else self._rng for s in seeds]
         b = len(prompts)
+        # left-padded batch built on the host and sent once (one copy, not one per row)
         ids = torch.full((b, longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, longest), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, longest - len(p):] = torch.tensor(list(p), dtype=torch.long)
             mask[i, longest - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         stops = set(params.stop_token_ids)
         toks: list[list[int]] = [[] for _ in range(b)]
@@ -211,21 +223,22 @@ class TorchEngine(Engine):
             past, logits = res.past_key_values, res.logits[:, -1, :].float()
             last_pos = pos[:, -1]
             for _ in range(max_new):
-                nxt = torch.full((b, 1), self.pad_id, dtype=torch.long)
+                nxt = [self.pad_id] * b
                 for i in range(b):
                     if done[i]:
                         continue
                     tok, lp = sample_token(logits[i], params, gens[i])
                     toks[i].append(tok)
                     lps[i].append(lp)
-                    nxt[i, 0] = tok
+                    nxt[i] = tok
                     if tok in stops:
                         done[i], reason[i] = True, "stop"
                 if all(done):
                     break
-                mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long, device=dev)], dim=1)
                 last_pos = last_pos + 1
-                res = net(input_ids=nxt, attention_mask=mask, position_ids=last_pos[:, None],
+                step_ids = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
+                res = net(input_ids=step_ids, attention_mask=mask, position_ids=last_pos[:, None],
                           past_key_values=past, use_cache=True)
                 past, logits = res.past_key_values, res.logits[:, -1, :].float()
         return [Generation(token_ids=toks[i], logprobs=lps[i], finish_reason=reason[i],
@@ -237,12 +250,12 @@ class TorchEngine(Engine):
                  temperature: float = 1.0) -> list[float]:
         if not completion_ids:
             return []
-        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], dtype=torch.long)
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], dtype=torch.long, device=self.device)
         net, ctx = self._net()
         with ctx:
             logits = net(input_ids=ids).logits[0].float()
         n = len(completion_ids)
         scaled = logits[-n - 1:-1] / (temperature if temperature > 0 else 1.0)
         lp = torch.log_softmax(scaled, dim=-1)
-        target = torch.tensor(list(completion_ids), dtype=torch.long)
+        target = torch.tensor(list(completion_ids), dtype=torch.long, device=self.device)
         return lp.gather(1, target[:, None])[:, 0].tolist()

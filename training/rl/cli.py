@@ -33,6 +33,7 @@ def rl(
     lr: Optional[float] = typer.Option(None, help="learning rate"),
     ppo_epochs: Optional[int] = typer.Option(None, help="optimizer steps per batch (proximal policy frozen)"),
     seed: Optional[int] = typer.Option(None, help="seed"),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda: where the learner and the rollout engines run"),
     resume: bool = typer.Option(True, help="continue from out/checkpoint when there is one"),
 ) -> None:
     """Async GRPO-family RL with LoRA on DriftBench tasks; resumable; writes metrics and a diagnosis."""
@@ -48,7 +49,8 @@ def rl(
     given = dict(model=model, out_dir=str(out), steps=steps, eta=eta, backend=backend, n_workers=n_workers,
                  env_id=env_id, rule_version=rule_version, n_tasks=n_tasks, group_size=group_size,
                  groups_per_step=groups_per_step, correction=correction, explore_eps=explore_eps,
-                 sft_coef=sft_coef, kl_coef=kl_coef, lr=lr, ppo_epochs=ppo_epochs, seed=seed, resume=resume)
+                 sft_coef=sft_coef, kl_coef=kl_coef, lr=lr, ppo_epochs=ppo_epochs, seed=seed, device=device,
+                 resume=resume)
     values.update({k: v for k, v in given.items() if v is not None})
     cfg = RLConfig(**values)
     try:

@@ -7,6 +7,9 @@ shares the trajectory's group-relative advantage, and all turns of one trajector
 after a rejection or an edit; approved successes) are mixed into the same step with weight
 `sft_coef`, and preference pairs (chosen vs rejected action in the same state) with a DPO term
 of weight `pref_coef` against the base model (the adapter switched off).
+
+`device` ("cpu", "cuda") is where the model, its optimizer state and every batch live; the LoRA
+weights are initialised on the CPU first, so a seed gives the same starting adapter on any device.
 """
 from __future__ import annotations
 
@@ -113,7 +116,8 @@ class Learner:
     """Owns the trainable LoRA model and its optimizer; `step()` is one learner update."""
 
     def __init__(self, model_path: str | Path, *, lora_r: int = 8, lora_alpha: int = 16, lr: float = 1e-4,
-                 settings: LossSettings | None = None, seed: int = 0, adapter: str | Path | None = None) -> None:
+                 settings: LossSettings | None = None, seed: int = 0, adapter: str | Path | None = None,
+                 device: str = "cpu") -> None:
         from peft import PeftModel, get_peft_model
 
         from training.policy import load_model, load_tokenizer, lora_config
@@ -127,7 +131,8 @@ class Learner:
             self.model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
         else:
             self.model = get_peft_model(base, lora_config(r=lora_r, alpha=lora_alpha))
-        self.model.train()
+        self.device = torch.device(device)
+        self.model.to(self.device).train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
 
@@ -147,6 +152,7 @@ class Learner:
         for i, seq in enumerate(seqs):
             ids[i, :len(seq)] = torch.tensor(seq)
             attn[i, :len(seq)] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)  # built on the host, sent once
         if reference:
             with torch.no_grad(), self.model.disable_adapter():
                 logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
@@ -154,12 +160,12 @@ class Learner:
             logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
         t = self.settings.temperature if self.settings.temperature > 0 else 1.0
         lps, ent_sum, n_tok = [], 0.0, 0
-        mask = torch.zeros((len(rows), tmax))
+        mask = torch.zeros((len(rows), tmax), device=self.device)
         for i, r in enumerate(rows):
             n0, n = len(r.prompt_ids), len(r.completion_ids)
             logz = torch.log_softmax(logits[host[i], n0 - 1:n0 + n - 1] / t, dim=-1)
-            lps.append(torch.nn.functional.pad(logz.gather(1, torch.tensor(r.completion_ids)[:, None])[:, 0],
-                                               (0, tmax - n)))
+            target = torch.tensor(r.completion_ids, device=self.device)
+            lps.append(torch.nn.functional.pad(logz.gather(1, target[:, None])[:, 0], (0, tmax - n)))
             mask[i, :n] = 1.0
             if not reference:
                 with torch.no_grad():
@@ -232,11 +238,12 @@ class Learner:
         ent_tok = loss_sum = 0.0
         for j, mb in enumerate(mbs):
             lp, mask, ent = self._forward(mb)
-            behav = torch.zeros_like(lp)
+            behav = torch.zeros(lp.shape, dtype=lp.dtype)
             for i, r in enumerate(mb):
                 behav[i, :len(r.behav_logprobs)] = torch.tensor(r.behav_logprobs[:lp.shape[1]])
-            adv = torch.tensor([r.advantage for r in mb])
-            seq_ids = torch.tensor([r.seq for r in mb])
+            behav = behav.to(self.device)  # filled on the host, sent once
+            adv = torch.tensor([r.advantage for r in mb], device=self.device)
+            seq_ids = torch.tensor([r.seq for r in mb], device=self.device)
             seq_ids = seq_ids - seq_ids.min()
             out = policy_loss(lp, behav, adv, mask, prox_logp=None if prox is None else prox[j],
                               ref_logp=None if ref is None else ref[j],

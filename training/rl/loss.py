@@ -1,5 +1,8 @@
 """GRPO-family policy loss with off-policy corrections, on plain tensors.
 
+Tensors the helpers make are put on the device of their inputs, so the same code runs wherever the
+learner's model is (CPU or CUDA).
+
 Three log-probabilities meet here, per completion token t:
   * `logp`   – the policy being trained (π_θ, carries the gradient);
   * `behav`  – what the inference engine reported when the token was sampled (π_behav, recorded
@@ -82,12 +85,12 @@ def is_weights(
         inside = (rho >= 1.0 / icepop_beta) & (rho <= icepop_beta)
         return rho * inside.to(rho.dtype)
     # mis_seq: one ratio per sequence (trajectory), the product over all its tokens.
-    rows = log_ratio.shape[0]
+    rows, dev = log_ratio.shape[0], log_ratio.device
     if seq_index is None:
-        seq_index = torch.arange(rows)
-    seq_index = torch.as_tensor(seq_index, dtype=torch.long)
+        seq_index = torch.arange(rows, device=dev)
+    seq_index = torch.as_tensor(seq_index, dtype=torch.long, device=dev)
     n_seq = int(seq_index.max()) + 1 if rows else 0
-    seq_log = torch.zeros(n_seq, dtype=log_ratio.dtype).index_add_(0, seq_index, log_ratio.sum(-1))
+    seq_log = torch.zeros(n_seq, dtype=log_ratio.dtype, device=dev).index_add_(0, seq_index, log_ratio.sum(-1))
     seq_rho = torch.exp(seq_log)
     w_seq = seq_rho * (seq_rho <= is_cap).to(seq_rho.dtype)
     return w_seq[seq_index].unsqueeze(-1).expand_as(rho).clone()
@@ -111,11 +114,12 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, seq_index: tor
     if agg == "token-mean":
         return (values * mask).sum() / mask.sum().clamp(min=1.0)
     if agg == "seq-mean-token-mean":
-        rows = values.shape[0]
-        idx = torch.arange(rows) if seq_index is None else torch.as_tensor(seq_index, dtype=torch.long)
+        rows, dev = values.shape[0], values.device
+        idx = (torch.arange(rows, device=dev) if seq_index is None
+               else torch.as_tensor(seq_index, dtype=torch.long, device=dev))
         n_seq = int(idx.max()) + 1 if rows else 0
-        tok = torch.zeros(n_seq, dtype=values.dtype).index_add(0, idx, (values * mask).sum(-1))
-        cnt = torch.zeros(n_seq, dtype=values.dtype).index_add(0, idx, mask.sum(-1))
+        tok = torch.zeros(n_seq, dtype=values.dtype, device=dev).index_add(0, idx, (values * mask).sum(-1))
+        cnt = torch.zeros(n_seq, dtype=values.dtype, device=dev).index_add(0, idx, mask.sum(-1))
         present = cnt > 0
         return (tok[present] / cnt[present]).mean() if present.any() else values.sum() * 0.0
     raise ValueError(f"unknown aggregation {agg!r}")

@@ -58,7 +58,12 @@ class LatencyEngine(Engine):
 
 @dataclass
 class EpisodeRunnerFactory:
-    """Picklable recipe for a worker's runner (threads, processes and Ray actors all build one)."""
+    """Picklable recipe for a worker's runner (threads, processes and Ray actors all build one).
+
+    `device` is used as given by every worker: thread workers share the process (and the GPU);
+    process workers each open their own CUDA context; Ray actors are started without a GPU
+    reservation, so Ray may hide the GPU from them (CUDA_VISIBLE_DEVICES): use threads on a GPU.
+    """
 
     model: str
     env_id: str = "driftbench/retail-v1"
@@ -71,6 +76,7 @@ class EpisodeRunnerFactory:
     tool_latency_sigma: float = 0.0
     explore_eps: float = 0.0
     explore_is: str = "policy"
+    device: str = "cpu"
 
     @classmethod
     def from_config(cls, cfg: Any) -> "EpisodeRunnerFactory":
@@ -79,7 +85,7 @@ class EpisodeRunnerFactory:
     def make_engine(self, seed: int = 0):
         from training.engines import make_engine
 
-        return make_engine(f"torch:{self.model}", seed=seed)
+        return make_engine(f"torch:{self.model}", seed=seed, device=self.device)
 
     def __call__(self, worker_index: int) -> "EpisodeRunner":
         return EpisodeRunner(self, worker_index)

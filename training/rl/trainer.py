@@ -42,8 +42,10 @@ class RLConfig:
     max_new_tokens: int = 48
     temperature: float = 1.0
     seed: int = 0
+    device: str = "cpu"  # cpu | cuda: the learner and every rollout engine (threads share it; see EpisodeRunnerFactory)
     # optimisation
     steps: int = 20
+    max_minutes: float = 0.0  # wall-clock stop: no new step after this many minutes of steps (0: `steps` only)
     groups_per_step: int = 4
     group_size: int = 0  # 0: adaptive (the scheduler picks G from the task's success rate)
     max_groups_per_step: int = 0  # dynamic sampling budget per step (0: 4 × groups_per_step)
@@ -228,13 +230,16 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
     step = version = order_id = 0
     ckpt = _find_checkpoint(out) if cfg.resume else None
     learner = Learner(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lr=cfg.lr, seed=cfg.seed,
-                      settings=LossSettings.from_config(cfg), adapter=ckpt / "adapter" if ckpt else None)
+                      settings=LossSettings.from_config(cfg), adapter=ckpt / "adapter" if ckpt else None,
+                      device=cfg.device)
     diag = Diagnostics(out)
     channel = AdapterChannel(out / "adapters")
     adapter_path: Path | None = None
     ckpt_state: dict | None = None
     if ckpt is not None:
-        st = ckpt_state = torch.load(ckpt / "state.pt", weights_only=False)
+        # read on the host: a checkpoint written on one device resumes on another (the optimizer's
+        # load_state_dict moves its moments to the parameters' device)
+        st = ckpt_state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
         learner.load_state_dict(st["learner"])
         step, version, order_id = st["step"], st["version"], st["order_id"]
         sched = TaskScheduler.from_state_dict(st["scheduler"])
@@ -313,6 +318,8 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
             if cfg.use_scheduler:
                 sched.tick()
             lags = [version - 1 - g.version for g in groups]
+            # out of time: this step is the last one (scored and checkpointed as the last)
+            last = step == cfg.steps or bool(cfg.max_minutes and time.perf_counter() - t_start >= 60 * cfg.max_minutes)
             row = {"step": step, "version": version, "wall_s": time.perf_counter() - t_start,
                    "wait_s": t1 - t0, "train_s": time.perf_counter() - t1, **group_stats(admitted), **lstats,
                    "groups_trained": len(groups) - rstats["zero_var_groups"], **cstats,
@@ -322,12 +329,12 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
                    "scheduler": sched.counts(), "tasks": _task_states(sched)}
             if step == 1:  # the policy before any update: the held-out series' starting point
                 row.update({f"{k}_start": v for k, v in start.items()})
-            if pool.heldout and (step % cfg.eval_every == 0 or step == cfg.steps):
+            if pool.heldout and (step % cfg.eval_every == 0 or last):
                 eval_engine = eval_engine or factory.make_engine(seed=cfg.seed)
                 eval_engine.load_adapter(str(adapter_path), f"v{version}")
                 row.update(score_heldout(eval_engine))
             diag.log(row)
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            if step % cfg.checkpoint_every == 0 or last:
                 _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
                                                 "scheduler": sched.state_dict(), "gate": gate.state_dict(),
                                                 "rng": rng.getstate(), "corrections": corrections})
@@ -336,6 +343,8 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", zv=f"{row['zero_var_frac']:.2f}")
             if on_step is not None:
                 on_step(step, row)
+            if last:
+                break
     finally:
         workers.close()
         if bar is not None:
