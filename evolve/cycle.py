@@ -75,7 +75,10 @@ class CycleConfig:
                                         # memory: 0 gave +15.0 / -6.5 / +4.0 / +1.0, 256 +18.0 / -3.5 / +1.5 /
                                         # 0.0 (before one-path strategies: +16.0 / -3.5 and +5.5 / -0.5)
     rehearsal_old_rule_examples: int = 0  # first-rule oracle episodes without memory, kept where the latest rules
-                                        # give the same right actions (evolve.stages.rehearsal_examples)
+                                        # give the same right actions (evolve.stages.rehearsal_examples). Off: at
+                                        # 256 (165 kept, 565 rows) with rehearsal_per_step 16, build E's seed-1
+                                        # demo cycle forgot more, not less: old rules -8.5 (0 wins / 17 losses) vs
+                                        # -5.0 (0 / 10); current +10.0 vs +14.0; with memory -17.5 vs -15.0
     rehearsal_per_step: int = 8
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
@@ -102,6 +105,12 @@ class CycleConfig:
                                         # to be solved without memory before the item is retired (build B's
                                         # promoted demo retired items on their own tasks only, and lost the
                                         # refunds a retired note had covered)
+    # mining
+    retract_contradicted: bool = True   # a correction note whose "from" tool was also approved for that kind of
+                                        # request in the window is retracted (evolve.mining.approved_tools). Build
+                                        # E, demo seed 1's window: "when you would escalate [a refund] ..., users
+                                        # replace refund instead" retracted; the gate's with_memory slice re-scored
+                                        # with the same tasks: cold start 167 -> 172 of 200, candidate 137 -> 138
     dry_run: bool = False
 
     def gate_config(self) -> GateConfig:

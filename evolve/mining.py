@@ -24,7 +24,8 @@ from dynamic_bench.schema import CORRECTION_KINDS, Task, Trajectory
 from evolve.simulator.ledger import task_of
 from memory.feedback_notes import feedback_notes, mask, rule_statements, template, tool_name
 
-__all__ = ["content_order", "experience", "mine_items", "rule_contexts", "rule_statements", "task_pool"]
+__all__ = ["approved_tools", "content_order", "contradicted", "experience", "mine_items", "rule_contexts", "rule_statements",
+           "task_pool"]
 
 
 def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int = 4,
@@ -96,6 +97,30 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
     paths = Counter((s["tenant"], s["payload"]["template"]) for s in specs.values() if s["kind"] == "strategy")
     return [s for s in specs.values()  # several paths succeeded: the facts decide, a strategy would mislead
             if s["kind"] != "strategy" or paths[(s["tenant"], s["payload"]["template"])] == 1]
+
+
+def approved_tools(trajs: Iterable[Trajectory]) -> set[tuple[str, str, str]]:
+    """(tenant, request template, tool) of every tool called in a successful episode no user corrected.
+
+    Why: a correction note generalises one edit to a kind of request ("when you would escalate for a
+    request like 'I want a refund ...', users replace refund instead"); where the same tool was also
+    approved for that kind of request, the facts decided (the amount, the days), and the note is wrong
+    as stated. On build E's seed-1 demo such a note, written online from edits of over-escalations,
+    was recalled for 83 of the gate's 200 `with_memory` tasks; the candidate followed it and refunded
+    in-window refunds over 150 it should have escalated: 22 of its 49 losses there (cold start 19 wins)."""
+    out: set[tuple[str, str, str]] = set()
+    for t in trajs:
+        task = task_of(t)
+        if task is None or t.outcome != "success" or any(f.kind != "approve" for f in t.feedback):
+            continue
+        out |= {(t.tenant, template(task.instruction), n) for n in (tool_name(s.action_text) for s in t.steps) if n}
+    return out
+
+
+def contradicted(spec: dict[str, Any], approved: set[tuple[str, str, str]]) -> bool:
+    """Whether an item spec is a correction note whose replaced tool is in `approved_tools`."""
+    p = spec["payload"]
+    return p.get("type") == "correction" and (spec["tenant"], p["template"], p["from"]) in approved
 
 
 def content_order(trajs: Iterable[Trajectory]) -> list[Trajectory]:

@@ -69,7 +69,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 # ---- 1. mine ---------------------------------------------------------------------------------------
 def mine(ctx: CycleContext) -> dict:
-    from evolve.mining import mine_items, rule_contexts
+    from evolve.mining import approved_tools, contradicted, mine_items, rule_contexts
     from evolve.simulator.ledger import task_of
 
     mem = memory(ctx)
@@ -87,14 +87,22 @@ def mine(ctx: CycleContext) -> dict:
     specs = mine_items(trajs, ctx.state.cycle_id, current=current)
     items = mem.add_many(specs) if specs else []  # one transaction: all of it or none of it
     ctx.fault_point("mine")
-    validated = 0
+    validated = retracted = 0
+    approved = approved_tools(trajs) if ctx.cfg.retract_contradicted else set()
     for spec, it in zip(specs, items):
-        if spec["payload"]["support"] >= 2 and it.status == "candidate":
+        p = spec["payload"]
+        if contradicted(spec, approved):
+            if it.status != "retracted":  # the same text may have been written online: that item goes
+                mem.retract(it.id, f"{ctx.state.cycle_id}: {p['from']} was also approved for requests like "
+                                   f"'{p['template']}' in this window; the facts decide", tenant=it.tenant)
+                retracted += 1
+            continue
+        if p["support"] >= 2 and it.status == "candidate":
             mem.validate(it.id, f"supported by {spec['payload']['support']} trajectories in {ctx.state.cycle_id}",
                          tenant=it.tenant)
             validated += 1
     return {"trajectories": len(trajs), "cursor": page.cursor, "items": len(items),
-            "item_ids": sorted({it.id for it in items}), "validated": validated,
+            "item_ids": sorted({it.id for it in items}), "validated": validated, "retracted": retracted,
             "by_kind": dict(Counter(s["kind"] for s in specs)),
             "feedback": sum(len(t.feedback) for t in trajs)}
 
@@ -476,7 +484,7 @@ def report(ctx: CycleContext) -> dict:
 def plan(cfg: CycleConfig) -> dict:
     """What a cycle would do now; reads the log and the registry, writes nothing of the cycle's."""
     from evolve.lock import CycleLock
-    from evolve.mining import experience as build, mine_items, rule_contexts
+    from evolve.mining import approved_tools, contradicted, experience as build, mine_items, rule_contexts
     from memory import MemoryService
     from runtime.policy_registry import PolicyRegistry
 
@@ -489,11 +497,13 @@ def plan(cfg: CycleConfig) -> dict:
         mem.close()
     trajs = [t for t in page.trajectories if not cfg.tenants or t.tenant in cfg.tenants]
     specs = mine_items(trajs, "dry-run")
+    approved = approved_tools(trajs) if cfg.retract_contradicted else set()
     exp = build(trajs)
     return {"dry_run": True, "lock": lock.describe() if lock else "free",
             "trajectories_since_last_cycle": len(trajs), "cursor": page.cursor,
             "would_mine_items": len(specs), "by_kind": dict(Counter(s["kind"] for s in specs)),
             "examples": [s["text"] for s in specs[:8]],
+            "would_retract": [s["text"] for s in specs if contradicted(s, approved)],
             "experience": {k: len(v) for k, v in exp.items()}, "rule_contexts": len(rule_contexts(trajs)),
             "serving": PolicyRegistry(data).current_version(),
             "would_distill": f"{cfg.distill_tasks} fresh tasks played with and without memory; up to "

@@ -250,6 +250,18 @@ class MemoryService:
             it.status, it.valid_to, it.status_reason = "retired", time.time(), reason
         return self._update(item_id, tenant, "retired", {"reason": reason}, mutate)
 
+    def retract(self, item_id: str, reason: str, *, tenant: str | None = None) -> MemoryItem:
+        """Stop retrieving an item found wrong (history is kept); a no-op on one already retracted.
+        Why: a generalised correction ("when you would A ..., users do B instead") that the same
+        window contradicts (A approved for that kind of request too) is wrong as stated."""
+        item = self.get(item_id, tenant)
+        if item.status == "retracted":
+            return item
+
+        def mutate(it: MemoryItem) -> None:
+            it.status, it.valid_to, it.status_reason = "retracted", time.time(), reason
+        return self._update(item_id, tenant, "retracted", {"reason": reason}, mutate)
+
     def retire_many(self, item_ids: list[str], reason: str, *, tenant: str | None = None) -> int:
         """Retire many items in one transaction (consolidation retires in bulk)."""
         with self._lock, lifecycle.paused_gc():

@@ -6,7 +6,7 @@ from collections import Counter
 
 from dynamic_bench import make_stream
 from dynamic_bench.schema import Feedback, Step, Trajectory
-from evolve.mining import experience, mine_items, rule_contexts, rule_statements, task_pool
+from evolve.mining import approved_tools, experience, mine_items, rule_contexts, rule_statements, task_pool
 
 
 def _task(i: int):
@@ -193,3 +193,60 @@ def test_online_notes_are_the_mined_items_without_ids(tmp_path):
         assert inferred.provenance[0].source == "agent"  # a generalisation: outcomes may invalidate it
     finally:
         svc.close()
+
+
+def _escalations():
+    """One kind of refund request: an escalation a user edited to a refund, and one a user approved."""
+    task = _task(0)
+    edited = _traj(task, [('escalate {"order_id":"O-1"}', "user edited it"), ('reply {"text":"refunded"}', "sent")],
+                   [(0, "edit", {"proposed": 'escalate {"order_id":"O-1"}', "action": 'refund {"order_id":"O-1"}'})],
+                   "success")
+    approved = _traj(task, [('get_order {"order_id":"O-1"}', "order ..."), ('escalate {"order_id":"O-1"}', "done"),
+                            ('reply {"text":"escalated"}', "sent")],
+                     [(1, "approve", {"proposed": 'escalate {"order_id":"O-1"}'})], "success")
+    return edited, approved
+
+
+def test_approved_tools_name_what_an_uncorrected_success_called():
+    edited, approved = _escalations()
+    got = approved_tools([edited, approved])
+    assert {tool for _, _, tool in got} == {"get_order", "escalate", "reply"}  # not the edited episode's
+    assert {tenant for tenant, _, _ in got} == {"acme"} and len({tpl for _, tpl, _ in got}) == 1
+    assert approved_tools([edited]) == set()
+
+
+def test_the_mine_stage_retracts_a_correction_the_window_contradicts(tmp_path):
+    """"When you would escalate ..., users replace refund instead" is wrong as stated when an
+    escalation was approved for the same kind of request: the item (also written online, same text)
+    is retracted with its reason; without the approval, or with the option off, it stays live."""
+    import json
+
+    from evolve import stages
+    from evolve.cycle import CycleConfig, CycleContext, CycleState
+    from memory import MemoryService
+
+    def mined(trajs, retract: bool, name: str):
+        data = tmp_path / name
+        mem = MemoryService(data / "memory")
+        for t in trajs:
+            mem.record_trajectory(t)
+        cdir = data / "cycles" / "cycle-0001"
+        cdir.mkdir(parents=True)
+        ctx = CycleContext(CycleConfig(data_dir=str(data), retract_contradicted=retract),
+                           CycleState(cycle_id="cycle-0001", started_at=0.0), cdir)
+        ctx.cache["memory"] = mem
+        out = stages.mine(ctx)
+        notes = {it.text: it for it in mem.items("acme", statuses=("candidate", "validated", "retracted"))
+                 if "when you would escalate" in it.text}
+        mem.close()
+        assert json.loads((cdir / "window.json").read_text())["trajectory_ids"]
+        return out, notes
+
+    edited, approved = _escalations()
+    out, notes = mined([edited, approved], True, "both")
+    assert out["retracted"] == 1 and len(notes) == 1
+    (note,) = notes.values()
+    assert note.status == "retracted" and "escalate was also approved" in note.status_reason
+    for trajs, retract, name in (([edited], True, "edit-only"), ([edited, approved], False, "off")):
+        out, notes = mined(trajs, retract, name)
+        assert out["retracted"] == 0 and [n.status for n in notes.values()] == ["candidate"]

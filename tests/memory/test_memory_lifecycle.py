@@ -85,6 +85,21 @@ def test_retract_trajectory_leaves_zero_hits_in_vector_graph_and_search(svc):
         svc.retract_trajectory("traj-never")
 
 
+def test_retract_one_item_stops_its_recall_and_keeps_its_history(svc):
+    wrong = svc.add("alice", "When you would escalate a refund, users replace refund instead", trajectory_id="t1")
+    keep = svc.add("alice", "Refunds over 150 must now be escalated", trajectory_id="t2")
+    out = svc.retract(wrong.id, "the window approved escalations too", tenant="alice")
+    assert out.status == "retracted" and out.status_reason == "the window approved escalations too"
+    assert wrong.id not in {h.item.id for h in svc.search("alice", "escalate a refund", k=10)}
+    assert set(svc.vec.ids("alice")) == {keep.id}
+    v = svc.version
+    assert svc.retract(wrong.id, "again", tenant="alice").status_reason == "the window approved escalations too"
+    assert svc.version == v  # a second retraction changes nothing
+    assert [h.type for h in svc.history(wrong.id)][-1] == "retracted"
+    with pytest.raises(NotFound):
+        svc.retract(wrong.id, "other tenant", tenant="bob")
+
+
 def test_retract_cycle_cascades(svc):
     made = [svc.add("alice", t, cycle="cycle-7", source="evolve", kind="strategy")
             for t in ["Prefer store credit over refunds", "Escalate orders above 900 dollars"]]
