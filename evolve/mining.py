@@ -77,10 +77,9 @@ def mine_items(trajs: Iterable[Trajectory], cycle: str, min_pref_evidence: int =
                 msg = mask(s.observation.split(";", 1)[0] if "deprecated" not in s.observation else s.observation)
                 add(t.tenant, "tool_knowledge", f"Tool note: {msg.removeprefix('error: ')}", t, s.index,
                     f"{s.action_text} -> {s.observation}", {"type": "tool_error", "tool": tool_name(s.action_text)})
-        if t.outcome == "success" and task is not None and current(t):
-            seq = [n for n in (tool_name(s.action_text) for s in t.steps) if n]
-            corrected = any(f.kind != "approve" for f in t.feedback)
-            if seq and not corrected:
+        if task is not None and current(t) and uncorrected_success(t):
+            seq = tools_called(t)
+            if seq:
                 kind_of_request = template(task.instruction)
                 add(t.tenant, "strategy", f"Strategy: for a request like '{kind_of_request}', "
                     f"{' then '.join(seq)} succeeded.", t, None, f"{t.id} succeeded",
@@ -111,10 +110,20 @@ def approved_tools(trajs: Iterable[Trajectory]) -> set[tuple[str, str, str]]:
     out: set[tuple[str, str, str]] = set()
     for t in trajs:
         task = task_of(t)
-        if task is None or t.outcome != "success" or any(f.kind != "approve" for f in t.feedback):
-            continue
-        out |= {(t.tenant, template(task.instruction), n) for n in (tool_name(s.action_text) for s in t.steps) if n}
+        if task is not None and uncorrected_success(t):
+            out |= {(t.tenant, template(task.instruction), n) for n in tools_called(t)}
     return out
+
+
+def uncorrected_success(t: Trajectory) -> bool:
+    """A success no user corrected: every answer to it was an approval (what strategies,
+    `approved_tools` and the task pool's "solved" count)."""
+    return t.outcome == "success" and all(f.kind == "approve" for f in t.feedback)
+
+
+def tools_called(t: Trajectory) -> list[str]:
+    """The tools an episode called, in order (replies included, unparsable actions left out)."""
+    return [n for n in (tool_name(s.action_text) for s in t.steps) if n]
 
 
 def contradicted(spec: dict[str, Any], approved: set[tuple[str, str, str]]) -> bool:
@@ -188,7 +197,7 @@ def task_pool(trajs: list[Trajectory], max_tasks: int, seed: int) -> list[dict[s
             continue
         tasks.setdefault(task.id, task)
         sched.add_task(task.id)
-        ok = t.outcome == "success" and all(f.kind == "approve" for f in t.feedback)
+        ok = uncorrected_success(t)
         sched.update(task.id, [float(t.reward)], [ok])
     rows = [{"task": tasks[tid], "learning_value": float(sched.learning_value(tid))} for tid in tasks]
     rows.sort(key=lambda r: (-r["learning_value"], r["task"].id))

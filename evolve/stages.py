@@ -98,7 +98,7 @@ def mine(ctx: CycleContext) -> dict:
                 retracted += 1
             continue
         if p["support"] >= 2 and it.status == "candidate":
-            mem.validate(it.id, f"supported by {spec['payload']['support']} trajectories in {ctx.state.cycle_id}",
+            mem.validate(it.id, f"supported by {p['support']} trajectories in {ctx.state.cycle_id}",
                          tenant=it.tenant)
             validated += 1
     return {"trajectories": len(trajs), "cursor": page.cursor, "items": len(items),

@@ -35,36 +35,10 @@ def test_sft_data_is_diverse_and_memory_examples_follow_the_memory():
     for e in mem:
         targets = [t for t, tgt in e.segments if tgt]
         d = get_domain(e.domain)
-        v1_writes = {format_action(c) for c in d.solve(_params(e), d.versions[1])[0]}
+        v1_writes = {format_action(c) for c in d.solve(e.meta["params"], d.versions[1])[0]}
         if not v1_writes <= {t.split("\n")[-1].replace("<|end|>", "") for t in targets}:
             differs += 1
     assert differs >= 3
-
-
-def _params(e):
-    from dynamic_bench.tasks import make_task  # noqa: F401 - params travel in the task; rebuild from meta
-
-    return _TASKS[e.meta["task_id"]]
-
-
-_TASKS: dict = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _capture_tasks():
-    """Record task params by id while examples are generated (to check memory examples)."""
-    import training.sft_data as sd
-
-    orig = sd.make_task_for
-
-    def spy(domain, kind, rng, split="train"):
-        task, notes = orig(domain, kind, rng, split)
-        _TASKS[task.id] = task.params
-        return task, notes
-
-    sd.make_task_for = spy
-    yield
-    sd.make_task_for = orig
 
 
 def test_loss_mask_covers_completions_only(bench_policy):
@@ -100,7 +74,7 @@ def test_decision_completions_are_the_rule_actions_not_the_reads():
     from runtime.scaffolds import get
 
     for e in generate_examples(40, seed=2):
-        d, p = get_domain(e.domain), _params(e)
+        d, p = get_domain(e.domain), e.meta["params"]
         reads = {format_action(c) for calls in d.reads(p, p["rules"]) for c in calls}
         targets = [i for i, (_, tgt) in enumerate(e.segments) if tgt]
         assert e.decisions and set(e.decisions) <= set(targets) and e.decisions[-1] == targets[-1]  # the reply
