@@ -41,6 +41,8 @@ class CycleConfig:
     sft_coef: float = 1.0               # weight of the users' corrections in each RL step
     pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
     distill_memory: bool = True         # logged rows also trained with their memory section emptied
+    corrections_with_memory: bool = True  # users' corrections also trained with the memory their agent was shown;
+                                        # False: only with it emptied (evolve.training_rows.logged_experience)
     experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
     distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
                                         # those only memory solves become SFT rows (evolve.distill)
@@ -70,12 +72,12 @@ class CycleConfig:
                                         # +13.0 current, +22.0 vs +9.5 held out) and forgot more (6.0 vs 2.5)
     rehearsal_examples: int = 256       # cold-start-style oracle episodes whose recalled memory states a rule the
                                         # shown policy does not (training.sft_data's `memory` kind), rehearsed
-                                        # `rehearsal_per_step` rows a step (evolve.stages.rehearsal_examples).
+                                        # `rehearsal_per_step` rows a step (evolve.training_rows.rehearsal_examples).
                                         # Demo seed 1, build D, gate current / old rules / held out / with
                                         # memory: 0 gave +15.0 / -6.5 / +4.0 / +1.0, 256 +18.0 / -3.5 / +1.5 /
                                         # 0.0 (before one-path strategies: +16.0 / -3.5 and +5.5 / -0.5)
     rehearsal_old_rule_examples: int = 0  # first-rule oracle episodes without memory, kept where the latest rules
-                                        # give the same right actions (evolve.stages.rehearsal_examples). Off: at
+                                        # give the same right actions (evolve.training_rows.rehearsal_examples). Off: at
                                         # 256 (165 kept, 565 rows) with rehearsal_per_step 16, build E's seed-1
                                         # demo cycle forgot more, not less: old rules -8.5 (0 wins / 17 losses) vs
                                         # -5.0 (0 / 10); current +10.0 vs +14.0; with memory -17.5 vs -15.0

@@ -9,7 +9,6 @@ instead (oracle, stale, random), so `make demo` always produces a table and a cu
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,7 +87,7 @@ def run_baseline(cfg: DemoConfig, why: list[str]) -> dict[str, Any]:
             + [p["success_rate"] for p in t["phases"]] for n, t in table.items()]
     header = ["agent", "success", "AULC", "recovery (changed tasks)", "recovery (all episodes)"] + [
         f"phase {k} (v{p['version']})" for k, p in enumerate(stream.phases)]
-    md = "\n".join([f"# Evolve demo (stand-in: DriftBench baselines)", "",
+    md = "\n".join(["# Evolve demo (stand-in: DriftBench baselines)", "",
                     "The full loop needs: " + ("; ".join(why) if why else "(nothing missing)"), "",
                     md_table(header, rows), "", f"![curve]({png.name})", ""])
     (out / "report.md").write_text(md)

@@ -17,6 +17,18 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """One JSON object a line, written atomically (a killed stage leaves the old file or none)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """`write_jsonl`'s rows; none if the file is absent."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def fmt(v: Any) -> str:
         return f"{v:.3f}" if isinstance(v, float) else str(v)

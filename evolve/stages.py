@@ -13,10 +13,9 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from evolve.cycle import CycleConfig, CycleContext, read_cursor
-from evolve.report import write_cycle_report, write_json
+from evolve.report import read_jsonl, write_cycle_report, write_json, write_jsonl
 
 REPLAY_VERSION = 1  # the first rule version: the old-rule slice and the replay tasks
 
@@ -55,16 +54,6 @@ def window(ctx: CycleContext) -> list:
 
 def _in_scope(cfg: CycleConfig, t) -> bool:
     return not cfg.tenants or t.tenant in cfg.tenants
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
-    tmp.replace(path)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 # ---- 1. mine ---------------------------------------------------------------------------------------
@@ -144,7 +133,7 @@ def experience(ctx: CycleContext) -> dict:
     learnable = [t for t in trajs if still_right(task_of(t), latest)]
     exp = build(learnable)
     for name, rows in exp.items():
-        _write_jsonl(out / f"{name}.jsonl", rows)
+        write_jsonl(out / f"{name}.jsonl", rows)
     pool = task_pool(learnable, max_tasks=64, seed=cfg.seed)
     rng = random.Random(f"corrupt/{cfg.seed}")
     if cfg.corrupt_rewards:
@@ -165,12 +154,12 @@ def experience(ctx: CycleContext) -> dict:
         cur = reg.current()
         serving = (cur.adapter_path if cur else None, reg.current_version())
         drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving, cfg.distill_tasks)
-        _write_jsonl(out / "distilled.jsonl", drows)
+        write_jsonl(out / "distilled.jsonl", drows)
         write_json(out / "distill_outcomes.json", distilled.pop("outcomes"))
         memory_rl = distilled.pop("memory_rl")  # RL tasks played with memory shown
         rows += [{**r, "learning_value": None, "replay": False} for r in memory_rl]
         distilled["memory_rl_tasks"] = len(memory_rl)
-    _write_jsonl(out / "tasks.jsonl", rows)
+    write_jsonl(out / "tasks.jsonl", rows)
     ctx.fault_point("experience")
     return {**distilled, "sft_examples": len(exp["sft"]), "corrections": len(exp["corrections"]),
             "preference_pairs": len(exp["pairs"]), "rl_tasks": len(pool), "replay_tasks": len(replay),
@@ -178,76 +167,14 @@ def experience(ctx: CycleContext) -> dict:
             "corrupted": bool(cfg.corrupt_rewards)}
 
 
-def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True,
-                      distill_focus: bool = False) -> tuple[list, list, list]:
-    """The experience stage's files as training input: SFT rows (approved successes, with their
-    sampled ids; corrections, the user's action as the target; the memory-distilled rows, unless
-    `distill_focus` puts them in the second list, `TaskPool.sft_focus`) and DPO preference pairs. With
-    `distill_memory`, every row whose prompt showed retrieved memory is also given once with the
-    memory section emptied (same target): what memory taught becomes weights (`without_memory`)."""
-    from runtime.scaffolds import without_memory
-    from training.policy import load_tokenizer
-    from training.rl.learner import PrefPair, Row
-    from training.rl.runner import action_target_ids
-
-    tok = load_tokenizer(policy)
-    sft = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
-           for r in _read_jsonl(exp_dir / "sft.jsonl")]
-    sft += [Row(r["prompt_token_ids"], action_target_ids(tok, r["action_text"]), [], sft=True)
-            for r in _read_jsonl(exp_dir / "corrections.jsonl")]
-    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # already without memory
-                 for r in _read_jsonl(exp_dir / "distilled.jsonl")] if (exp_dir / "distilled.jsonl").exists() else []
-    if not distill_focus:
-        sft, distilled = sft + distilled, []
-    pairs = [PrefPair(r["prompt_token_ids"], r.get("chosen_token_ids") or action_target_ids(tok, r["chosen_text"]),
-                      r["rejected_token_ids"]) for r in _read_jsonl(exp_dir / "pairs.jsonl")]
-    if distill_memory:
-        bare = [(without_memory(tok, r.prompt_ids), r) for r in sft]
-        sft += [Row(p, r.completion_ids, [], sft=True) for p, r in bare if p is not None]
-        bare_pairs = [(without_memory(tok, q.prompt_ids), q) for q in pairs]
-        pairs += [PrefPair(p, q.chosen_ids, q.rejected_ids) for p, q in bare_pairs if p is not None]
-    return sft, distilled, pairs
-
-
-def rehearsal_examples(domain: str, n_memory: int, n_old_rules: int, seed: int, latest_rules: dict | None) -> list:
-    """Seeded cold-start oracle episodes (training.sft_data) a candidate rehearses while it learns
-    the new rules (`TaskPool.rehearsal`): `n_memory` of the `memory` kind (a recalled memory item
-    states a rule the shown policy does not, and the right action follows it) and, of `n_old_rules`
-    first-rule episodes without memory (`plain`), those whose right actions `latest_rules` keep
-    (`same_answer`: the others would teach the old rule on the new rules' prompt after a silent shift).
-
-    Why: the rows a cycle learns from are the new rules, with or without the memory that states
-    them. Rehearsing the memory kind cut old-rule forgetting by 3.0 points on build D's seed-1 demo
-    (6.5 -> 3.5, and 3.5 -> 0.5 before one-path strategies); the first-rule episodes the shift left
-    right are what the gate's old-rule slice asks (see CycleConfig.rehearsal_old_rule_examples)."""
-    from dynamic_bench import get_domain
-    from training.sft_data import generate_examples
-
-    d = get_domain(domain)
-    out = generate_examples(n_memory, seed=30_000 + seed, domains=(domain,), kind_weights={"memory": 1.0}) if n_memory else []
-    plain = generate_examples(n_old_rules, seed=40_000 + seed, domains=(domain,),
-                              kind_weights={"plain": 1.0}) if n_old_rules else []
-    return out + [ex for ex in plain if latest_rules is None
-                  or d.same_answer(ex.meta["params"], ex.meta["params"]["rules"], latest_rules)]
-
-
-def rehearsal_rows(policy: Path, examples: list) -> list:
-    """Each example's steps as supervised rows (`example_steps`: what a rollout of it would give)."""
-    from training.policy import load_tokenizer
-    from training.rl.learner import Row
-    from training.sft_data import example_steps
-
-    tok = load_tokenizer(policy)
-    return [Row(p, c, [], sft=True) for ex in examples for p, c in example_steps(ex, tok)]
-
-
 def train(ctx: CycleContext) -> dict:
     from dynamic_bench.schema import Task
+    from evolve.training_rows import logged_experience, rehearsal_examples, rehearsal_rows
     from training.rl.diagnostics import held_out_series
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
 
     cfg = ctx.cfg
-    rows = _read_jsonl(ctx.dir / "experience" / "tasks.jsonl")
+    rows = read_jsonl(ctx.dir / "experience" / "tasks.jsonl")
     learn = [r for r in rows if not r["replay"]]
     if not learn:
         return {"skipped": "no tasks to learn from", "candidate": None}
@@ -263,8 +190,8 @@ def train(ctx: CycleContext) -> dict:
             pool.memory[key] = r["memory"]
     base = base_policy(cfg)
     if not cfg.corrupt_rewards:  # a corrupted-reward candidate learns from its rewards alone
-        pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(ctx.dir / "experience", base,
-                                                                           cfg.distill_memory, cfg.distill_focus)
+        pool.sft_rows, pool.sft_focus, pool.pref_pairs = logged_experience(
+            ctx.dir / "experience", base, cfg.distill_memory, cfg.distill_focus, cfg.corrections_with_memory)
         if cfg.rehearsal_examples or cfg.rehearsal_old_rule_examples:
             pool.rehearsal = rehearsal_rows(base, rehearsal_examples(
                 cfg.domain, cfg.rehearsal_examples, cfg.rehearsal_old_rule_examples, cfg.seed,

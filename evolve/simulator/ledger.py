@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dynamic_bench import make
-from dynamic_bench.actions import Reply, ToolCall, parse_action
+from dynamic_bench.actions import Reply, parse_action
 from dynamic_bench.schema import CORRECTION_KINDS, Task, Trajectory
 from evolve.report import md_table, write_json
 from evolve.simulator.fit import FeedbackRecord, fit, validate

@@ -132,7 +132,7 @@ class TaskPool:
     # runtime shows recalled memory: RL that rewards acting on what memory says
     memory: dict[str, list[str]] = field(default_factory=dict)
     # supervised rows of a skill the run must keep though no task exercises it (e.g. following a
-    # recalled memory item: evolve.stages.rehearsal_examples), `rehearsal_per_step` in each step
+    # recalled memory item: evolve.training_rows.rehearsal_examples), `rehearsal_per_step` in each step
     rehearsal: list[Row] = field(default_factory=list)
 
 
