@@ -47,6 +47,8 @@ class CycleConfig:
     distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
                                         # those only memory solves become SFT rows (evolve.distill)
     distill_anchor_ratio: float = 4.0   # tasks already solved without memory kept as rows, per distilled task
+    distill_memory_anchor_ratio: float = 0.0  # tasks solved with recalled memory kept as rows with it shown, per
+                                        # distilled task (evolve.distill.distilled_rows)
     distill_focus: bool = True          # distilled rows from the first action memory changed, anchors from
                                         # their first decision, both filling half of each step's draw
                                         # (TaskPool.sft_focus). Alone (build B's demo, ratio 4) it learned the

@@ -184,7 +184,9 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
              f"{exp['neighbours_only_memory_solved']} only memory solved, {exp['neighbours_solved_without_memory']} "
              f"solved without)" if exp.get("neighbour_tasks") else "") +
           f" gave {exp.get('distilled_rows', 0)} training rows (and {exp.get('anchor_rows', 0)} anchor rows from tasks "
-          f"solved without memory); {exp.get('memory_rl_tasks', 0)} tasks it failed with memory recalled were "
+          f"solved without memory" + (f", {exp['memory_anchor_rows']} from tasks solved with memory, shown it"
+                                      if exp.get("memory_anchor_rows") else "") +
+          f"); {exp.get('memory_rl_tasks', 0)} tasks it failed with memory recalled were "
           f"played in RL with that memory shown.", "",
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]

@@ -63,7 +63,8 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     tasks = [t for _, t in tasks]
     stats["memory_rl"] = unsolved_with_memory(tasks, notes, with_mem, cfg.memory_rl_tasks, cfg.seed)
     reads = [read_tools(cfg.domain, t) for t in tasks] if cfg.distill_focus else None
-    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads)
+    rows, stats["outcomes"] = distilled_rows(with_mem, bare, tok, cfg.distill_anchor_ratio, reads,
+                                             cfg.distill_memory_anchor_ratio)
     for i, o in enumerate(stats["outcomes"]):
         if i < stats["neighbour_tasks"]:
             o["neighbour"] = True
@@ -73,8 +74,9 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
         stats["with_memory"] += o["with_memory"]
         stats["without_memory"] += o["without_memory"]
         stats["memory_made_the_difference"] += only_memory_solved(o)
-    stats["anchor_rows"] = sum(bool(r.get("anchor")) for r in rows)
-    stats["distilled_rows"] = len(rows) - stats["anchor_rows"]
+    stats["anchor_rows"] = sum(bool(r.get("anchor")) and not r.get("with_memory") for r in rows)
+    stats["memory_anchor_rows"] = sum(bool(r.get("with_memory")) for r in rows)
+    stats["distilled_rows"] = len(rows) - stats["anchor_rows"] - stats["memory_anchor_rows"]
     return rows, stats
 
 
@@ -91,7 +93,8 @@ def neighbours_of_distilled(tasks: list[tuple[str, Any]], with_memory: list, bar
 
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,
-                   reads: list[set[str]] | None = None) -> tuple[list[dict], list[dict]]:
+                   reads: list[set[str]] | None = None,
+                   memory_anchor_ratio: float = 0.0) -> tuple[list[dict], list[dict]]:
     """SFT rows from the i-th task's trajectory with memory when it succeeded and the i-th without
     memory failed: every step, its prompt's memory section emptied; and each task's outcomes.
 
@@ -103,15 +106,24 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
     With `reads` (each task's read tools: `read_tools`), the rows are focused on decisions
     (`CycleConfig.distill_focus`): a distilled task's steps from the first action that differs
     from the memory-free run's on (`first_divergence`: the steps before it are what the policy
-    already does), an anchor's from its first action that is not a read on (`first_decision`)."""
+    already does), an anchor's from its first action that is not a read on (`first_decision`).
+
+    With `memory_anchor_ratio`, also that many memory anchors per distilled task, first come first:
+    tasks solved *with* memory that was recalled for them, their steps with the memory still shown
+    (`"anchor": True, "with_memory": True`). Why: the service serves the candidate with memory; on build
+    E's seed-1 demo the candidate refunded in-window refunds over 150 that the cold start escalated
+    with the same notes shown (gate `with_memory` -15.0), and nothing it trained on showed it the
+    notes it must keep following."""
     from runtime.scaffolds import without_memory
 
-    rows, anchors, outcomes = [], [], []
+    rows, anchors, memory_anchors, outcomes = [], [], [], []
     for i, (w, b) in enumerate(zip(with_memory, bare, strict=True)):
         ok = outcome(w, b)
         outcomes.append({"task_id": w.task_id, **ok})
         if ok["without_memory"]:
             anchors.append((b.task_id, b.steps[first_decision(b, reads[i]):] if reads else b.steps))
+        if ok["with_memory"] and w.steps and without_memory(tokenizer, w.steps[0].prompt_token_ids) is not None:
+            memory_anchors.append((w.task_id, w.steps[first_decision(w, reads[i]):] if reads else w.steps))
         if not only_memory_solved(ok):
             continue
         rows += [_row(w.task_id, without_memory(tokenizer, s.prompt_token_ids) or list(s.prompt_token_ids), s)
@@ -119,6 +131,9 @@ def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float
     n_distilled = sum(only_memory_solved(o) for o in outcomes)
     for task_id, steps in anchors[:round(anchor_ratio * n_distilled)]:
         rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True} for s in steps if s.completion_token_ids]
+    for task_id, steps in memory_anchors[:round(memory_anchor_ratio * n_distilled)]:
+        rows += [{**_row(task_id, list(s.prompt_token_ids), s), "anchor": True, "with_memory": True}
+                 for s in steps if s.completion_token_ids]
     return rows, outcomes
 
 

@@ -125,6 +125,20 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
             want = [(s.prompt_token_ids, s.completion_token_ids) for i in anchor_tasks
                     for s in bare[i].steps[(focus and i == 1):]]
             assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
+        # memory anchors: tasks solved with the recalled note (0 and 1), their steps with the note still
+        # shown (focused: from the first that is not a read), so many tasks per distilled task, after the anchors
+        from evolve.distill import first_decision
+
+        for ratio, kept in ((1.0, [0]), (2.0, [0, 1]), (5.0, [0, 1])):
+            with_mem_anchors, _ = distilled_rows(with_mem, bare, tok, anchor_ratio=1.0, reads=reads if focus else None,
+                                                 memory_anchor_ratio=ratio)
+            extra = [r for r in with_mem_anchors if r.get("with_memory")]
+            assert with_mem_anchors[:len(with_mem_anchors) - len(extra)] == distilled_rows(
+                with_mem, bare, tok, anchor_ratio=1.0, reads=reads if focus else None)[0]
+            want = [(s.prompt_token_ids, s.completion_token_ids) for i in kept
+                    for s in with_mem[i].steps[first_decision(with_mem[i], reads[i]) if focus else 0:]]
+            assert want and [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
+            assert all(r["anchor"] and tok.decode(r["prompt_token_ids"]).count("Refunds now only") == 1 for r in extra)
 
 
 def test_anchor_decisions_start_after_the_reads():
