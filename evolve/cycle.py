@@ -41,14 +41,20 @@ class CycleConfig:
     sft_coef: float = 1.0               # weight of the users' corrections in each RL step
     pref_coef: float = 0.5              # weight of DPO on the logged preference pairs
     distill_memory: bool = True         # logged rows also trained with their memory section emptied
-    corrections_with_memory: bool = True  # users' corrections also trained with the memory their agent was shown;
-                                        # False: only with it emptied (evolve.training_rows.logged_experience)
+    corrections_with_memory: bool = False  # users' corrections also trained with the memory their agent was shown;
+                                        # off: only with it emptied (evolve.training_rows.logged_experience). Build
+                                        # E/F seed-1 window (5 corrections, 3 escalate->refund with notes shown),
+                                        # gate current / old rules / held out / with memory, memory anchors 2
+                                        # on: with +8.0 / -2.5 / +5.0 / -7.5, without +5.5 / 0.0 / +8.5 / -5.0
     experience_per_step: int = 16       # logged SFT rows / preference pairs drawn into each RL step
     distill_tasks: int = 64             # fresh tasks the serving policy plays with and without memory;
                                         # those only memory solves become SFT rows (evolve.distill)
     distill_anchor_ratio: float = 4.0   # tasks already solved without memory kept as rows, per distilled task
-    distill_memory_anchor_ratio: float = 0.0  # tasks solved with recalled memory kept as rows with it shown, per
-                                        # distilled task (evolve.distill.distilled_rows)
+    distill_memory_anchor_ratio: float = 2.0  # tasks solved with recalled memory kept as rows with it shown, per
+                                        # distilled task (evolve.distill.distilled_rows); 2 takes all there are
+                                        # (756 rows). Build E/F seed 1: with memory -15.0 without them (stop 36),
+                                        # -7.5 with them, -5.0 with corrections_with_memory off, +2.0 with
+                                        # memory_rl_tasks 16 too: promoted (see memory_rl_tasks)
     distill_focus: bool = True          # distilled rows from the first action memory changed, anchors from
                                         # their first decision, both filling half of each step's draw
                                         # (TaskPool.sft_focus). Alone (build B's demo, ratio 4) it learned the
@@ -68,10 +74,13 @@ class CycleConfig:
                                         # demo seed 1 was promoted (current +9.5, old rules 0.0 vs +18.0 / -3.0
                                         # without) but served with memory did worse than the cold start with memory
                                         # (0.785 vs 0.855); seed 0 lost more (-3.5 / -6.5 vs +1.0 / -2.5 without)
-    memory_rl_tasks: int = 0            # distillation tasks the policy failed with memory recalled, put in the
+    memory_rl_tasks: int = 16           # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
-                                        # Off: at 32 (demo seed 0, build D) the candidate gained more (+15.5 vs
-                                        # +13.0 current, +22.0 vs +9.5 held out) and forgot more (6.0 vs 2.5)
+                                        # At 32 without memory anchors (demo seed 0, build D) the candidate gained
+                                        # more (+15.5 vs +13.0 current, +22.0 vs +9.5 held out) and forgot more
+                                        # (6.0 vs 2.5). At 16 with memory anchors and corrections without memory
+                                        # (build E/F seed 1): +6.0 / 0.0 / +9.0 / +2.0 (15 wins, 11 losses with
+                                        # memory), promoted; 0: -5.0 with memory, rejected
     rehearsal_examples: int = 256       # cold-start-style oracle episodes whose recalled memory states a rule the
                                         # shown policy does not (training.sft_data's `memory` kind), rehearsed
                                         # `rehearsal_per_step` rows a step (evolve.training_rows.rehearsal_examples).
