@@ -143,7 +143,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                   "memory + evolve (nothing promoted: cold-start + the cycle's memory)"): _mean(arms["memory + evolve"][c:])}
     gate_slices = (gate_out.get("gate") or {}).get("slices", {})
     old = gate_slices.get("old_rules")
-    forgetting = round(-old["delta"] * 100, 2) if old else None  # the gate's paired delta; no float noise
+    forgetting = round(-old["delta"] * 100, 2) + 0.0 if old else None  # the gate's paired delta; no -0.0
     cons = state.stages["consolidate"]["output"]
     exp = state.stages["experience"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
