@@ -28,13 +28,14 @@ def logged_experience(exp_dir: Path, policy: Path, distill_memory: bool = True, 
     tok = load_tokenizer(policy)
     sft = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)
            for r in read_jsonl(exp_dir / "sft.jsonl")]
+
     def corrected(prompt: list[int]) -> list[int]:
         return prompt if corrections_with_memory else (without_memory(tok, prompt) or prompt)
 
     sft += [Row(corrected(r["prompt_token_ids"]), action_target_ids(tok, r["action_text"]), [], sft=True)
             for r in read_jsonl(exp_dir / "corrections.jsonl")]
-    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # already without memory
-                 for r in read_jsonl(exp_dir / "distilled.jsonl")] if (exp_dir / "distilled.jsonl").exists() else []
+    distilled = [Row(r["prompt_token_ids"], r["completion_token_ids"], [], sft=True)  # memory emptied, but for
+                 for r in read_jsonl(exp_dir / "distilled.jsonl")]                  # memory anchors (evolve.distill)
     if not distill_focus:
         sft, distilled = sft + distilled, []
     pairs = [PrefPair(r["prompt_token_ids"] if "chosen_token_ids" in r else corrected(r["prompt_token_ids"]),

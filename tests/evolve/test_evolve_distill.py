@@ -77,7 +77,7 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
     """The selection on real rollouts with a memory note in the prompt, verdicts set per task: the
     tiny policy solves nothing, so the four combinations of (with, without) are given."""
     from dynamic_bench import generate_tasks
-    from evolve.distill import distilled_rows
+    from evolve.distill import distilled_rows, first_decision
     from runtime.scaffolds import without_memory
     from training.engines import make_engine
     from training.rollout import RolloutConfig, rollout
@@ -127,8 +127,6 @@ def test_only_tasks_memory_solved_alone_become_rows_without_their_memory(tiny_po
             assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in extra] == want
         # memory anchors: tasks solved with the recalled note (0 and 1), their steps with the note still
         # shown (focused: from the first that is not a read), so many tasks per distilled task, after the anchors
-        from evolve.distill import first_decision
-
         for ratio, kept in ((1.0, [0]), (2.0, [0, 1]), (5.0, [0, 1])):
             with_mem_anchors, _ = distilled_rows(with_mem, bare, tok, anchor_ratio=1.0, reads=reads if focus else None,
                                                  memory_anchor_ratio=ratio)
