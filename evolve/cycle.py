@@ -93,6 +93,10 @@ class CycleConfig:
                                         # demo cycle forgot more, not less: old rules -8.5 (0 wins / 17 losses) vs
                                         # -5.0 (0 / 10); current +10.0 vs +14.0; with memory -17.5 vs -15.0
     rehearsal_per_step: int = 8
+    sft_warmup_epochs: int = 2          # supervised passes over every row above (distilled, anchors, logged,
+                                        # rehearsal) before the RL steps (training.rl.trainer.supervised_warmup).
+                                        # Build E seed-1 window: 0 gave +6.0 / 0.0 / +9.0 / +2.0, no memory 0.705;
+                                        # 2 gave +25.0 / -1.0 / +18.5 / +0.5, no memory 0.930 (4: same, 2x slower)
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training. Until the scheduler's

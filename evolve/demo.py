@@ -60,6 +60,13 @@ def arm_metrics(successes: list[float], stream, window: int) -> dict[str, Any]:
             "success_changed": sum(hit) / len(hit) if hit else None, "n_changed": len(hit), "phases": ph}
 
 
+def recovery_text(recoveries: list[int | None], stream) -> str:
+    """Per shift, episodes to recover; "never" where `metrics.recovery_episodes` hit its cap (the
+    phase's length), "n/a" where the phase held no episode to judge."""
+    caps = [p["end"] - p["start"] for p in stream.phases[1:]]
+    return ", ".join("n/a" if r is None else "never" if r >= cap else str(r) for r, cap in zip(recoveries, caps))
+
+
 def run_baseline(cfg: DemoConfig, why: list[str]) -> dict[str, Any]:
     """The issue-2 stand-in: DriftBench's baseline agents over the demo's drift stream."""
     from rich.progress import Progress
@@ -83,7 +90,8 @@ def run_baseline(cfg: DemoConfig, why: list[str]) -> dict[str, Any]:
     table = {name: arm_metrics(ys, stream, window) for name, ys in arms.items()}
     report = {"mode": "baseline", "missing": why, "config": asdict(cfg), "window": window, "shifts": shifts,
               "arms": table, "curves": arms, "wall_s": time.time() - t0}
-    rows = [[n, t["success_rate"], t["aulc"], str(t["recovery_episodes_changed"]), str(t["recovery_episodes"])]
+    rows = [[n, t["success_rate"], t["aulc"], recovery_text(t["recovery_episodes_changed"], stream),
+             recovery_text(t["recovery_episodes"], stream)]
             + [p["success_rate"] for p in t["phases"]] for n, t in table.items()]
     header = ["agent", "success", "AULC", "recovery (changed tasks)", "recovery (all episodes)"] + [
         f"phase {k} (v{p['version']})" for k, p in enumerate(stream.phases)]

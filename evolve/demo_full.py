@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evolve.demo import DemoConfig, arm_metrics
+from evolve.demo import DemoConfig, arm_metrics, recovery_text
 from evolve.report import md_table, plot_arms, write_json
 
 TOKENS = "demo-token-0001=demo"
@@ -153,8 +153,8 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
               "consolidation": cons, "curves": arms, "timings": timings, "wall_s": time.time() - t0,
               "cycle_report": str(data / "cycles" / state.cycle_id / "report.md")}
     write_json(out / "report.json", report)
-    arm_rows = [[k, v["aulc"], v["success_rate"], v["success_changed"], str(v["recovery_episodes_changed"]),
-                 str(v["recovery_episodes"])] for k, v in table.items()]
+    arm_rows = [[k, v["aulc"], v["success_rate"], v["success_changed"], recovery_text(v["recovery_episodes_changed"], stream),
+                 recovery_text(v["recovery_episodes"], stream)] for k, v in table.items()]
     n_changed = table["static policy"]["n_changed"]
     md = [f"# Evolve demo ({cfg.preset}, {n} episodes, seed {cfg.seed})", "",
           f"Silent shift to rule v2 at episode {shifts[0]}; `evolve cycle` at episode {c}: "
@@ -162,7 +162,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           md_table(["arm", "AULC", "success", f"success on the {n_changed} changed tasks",
                     "recovery after the shift (changed tasks)", "recovery (all episodes)"], arm_rows), "",
           "Changed tasks: episodes that acting on the old rules gets wrong. Recovery counts episodes until "
-          f"a window of {window} is back to 90% of the pre-shift plateau (capped at the phase length: never); "
+          f"a window of {window} is back to 90% of the pre-shift plateau (never: not within the phase); "
           "over all episodes, a window that holds few changed tasks counts a policy that never adapted as "
           "recovered.", "",
           "## After the cycle: success on the new rules (episodes after the cycle)", "",

@@ -203,7 +203,7 @@ def train(ctx: CycleContext) -> dict:
                   steps=cfg.rl_steps, groups_per_step=cfg.groups_per_step, seed=cfg.seed,
                   sft_coef=cfg.sft_coef, pref_coef=cfg.pref_coef, explore_eps=cfg.explore_eps,
                   experience_per_step=cfg.experience_per_step, replay_share=cfg.replay_share,
-                  rehearsal_per_step=cfg.rehearsal_per_step,
+                  rehearsal_per_step=cfg.rehearsal_per_step, sft_warmup_epochs=cfg.sft_warmup_epochs,
                   n_workers=1, eta=0, lr=cfg.lr, ppo_epochs=cfg.ppo_epochs, kl_coef=cfg.kl_coef,
                   eval_every=max(1, cfg.rl_steps // 3), max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()
@@ -224,13 +224,14 @@ def train(ctx: CycleContext) -> dict:
     for name in ("current", "old_rules"):
         if xs := held_out_series(m, f"heldout_{name}"):
             heldout[f"heldout_{name}_first"], heldout[f"heldout_{name}_last"] = xs[0], xs[-1]
-    diagnosis = ctx.dir / "train" / "diagnosis.txt"
+    diagnosis, warmup = ctx.dir / "train" / "diagnosis.txt", ctx.dir / "train" / "warmup.json"
     return {"candidate": version, "adapter": str(dest), "train_s": time.time() - t0, "steps": len(m),
             "final_reward_mean": m[-1].get("reward_mean") if m else None, **heldout,
             "logged_sft_rows": len(pool.sft_rows), "distilled_focus_rows": len(pool.sft_focus),
             "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
             "memory_rl_tasks": len(pool.memory), "rehearsal_rows": len(pool.rehearsal),
+            **{f"sft_warmup_{k}": v for k, v in (json.loads(warmup.read_text()) if warmup.exists() else {}).items()},
             "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 
 
@@ -435,5 +436,6 @@ def plan(cfg: CycleConfig) -> dict:
             "serving": PolicyRegistry(data).current_version(),
             "would_distill": f"{cfg.distill_tasks} fresh tasks played with and without memory; up to "
                              f"{cfg.memory_rl_tasks} failed with memory go to RL with it shown" if trajs else "nothing",
-            "would_train": f"{cfg.rl_steps} RL steps from the {cfg.preset} cold-start policy" if trajs else "nothing",
+            "would_train": (f"{cfg.sft_warmup_epochs} supervised passes, then " if cfg.sft_warmup_epochs else "")
+                           + f"{cfg.rl_steps} RL steps from the {cfg.preset} cold-start policy" if trajs else "nothing",
             "would_gate": f"{cfg.gate_tasks} tasks per slice, alpha {cfg.alpha}, tolerance {cfg.tolerance}"}

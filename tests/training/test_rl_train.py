@@ -61,7 +61,7 @@ def _trace(out) -> list[tuple]:
 
 def test_same_seed_gives_identical_losses_for_20_steps(drift_policy, tmp_path, deny_pool):
     a = _run(_cfg(drift_policy, tmp_path / "a", steps=20, checkpoint_every=20), deny_pool)
-    b = _run(_cfg(drift_policy, tmp_path / "b", steps=20, checkpoint_every=20), deny_pool)
+    _run(_cfg(drift_policy, tmp_path / "b", steps=20, checkpoint_every=20), deny_pool)
     ta, tb = _trace(tmp_path / "a"), _trace(tmp_path / "b")
     assert len(ta) == 20 and ta == tb
     assert any(x[1] for x in ta), "corrections should give a supervised loss"
@@ -185,6 +185,49 @@ def test_a_pool_tasks_memory_notes_are_shown_when_it_is_played(drift_policy, tmp
     notes_adapter = _run(_cfg(drift_policy, tmp_path / "notes", steps=2, checkpoint_every=20), with_notes)
     a, b = (load_file(str(d / "adapter_model.safetensors")) for d in (bare_adapter, notes_adapter))
     assert a.keys() == b.keys() and any(not a[k].equal(b[k]) for k in a)
+
+
+def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_on_resume(
+        drift_policy, tmp_path, deny_pool):
+    """`sft_warmup_epochs`: seeded passes over the focus, logged and rehearsal rows, batch by batch,
+    before the first RL step; its loss falls over the epochs; it is checkpointed, so a run killed
+    during RL resumes exactly as the uninterrupted one and does not redo it."""
+    from training.policy import load_tokenizer
+    from training.rl.learner import Row
+
+    tok = load_tokenizer(drift_policy)
+    texts = ["refund the order", "escalate to a human agent", "offer an exchange", "deny the request",
+             "issue a coupon of 10", "look up the customer", "reply with the policy", "check the delivery date"]
+
+    def row(i: int, text: str) -> Row:
+        return Row(tok.encode(f"case {i}: what now?", add_special_tokens=False),
+                   tok.encode(text, add_special_tokens=False), [], sft=True)
+
+    pool = dataclasses.replace(deny_pool, sft_focus=[row(i, t) for i, t in enumerate(texts[:5])],
+                               sft_rows=[row(10 + i, t) for i, t in enumerate(texts[5:])],
+                               rehearsal=[row(20, texts[0]), row(21, texts[3])])
+    kw = dict(steps=3, checkpoint_every=2, sft_warmup_epochs=4, sft_warmup_batch=4, lr=3e-3)
+    full = tmp_path / "full"
+    _run(_cfg(drift_policy, full, **kw), pool)
+    summary = json.loads((full / "warmup.json").read_text())
+    assert (summary["rows"], summary["focus_rows"], summary["steps"]) == (10, 5, 4 * 3)
+    losses = summary["epoch_loss"]
+    assert len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.1, losses
+
+    def stop_at_3(step, row):
+        if step == 3:
+            raise Interrupt()
+
+    part = tmp_path / "part"
+    with pytest.raises(Interrupt):
+        _run(_cfg(drift_policy, part, **kw), pool, on_step=stop_at_3)
+    (part / "warmup.json").unlink()
+    _run(_cfg(drift_policy, part, **kw), pool)
+    assert not (part / "warmup.json").exists()  # resumed from step 2's checkpoint: no second warm-up
+    assert _trace(part) == _trace(full)
+    _run(_cfg(drift_policy, tmp_path / "none", steps=3, checkpoint_every=2, lr=3e-3), pool)
+    assert _trace(tmp_path / "none") != _trace(full)  # the warm-up changed the policy RL started from
+    assert not (tmp_path / "none" / "warmup.json").exists()
 
 
 def test_config_is_validated(drift_policy, tmp_path, deny_pool):

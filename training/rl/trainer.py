@@ -76,6 +76,8 @@ class RLConfig:
     experience_per_step: int = 8  # logged SFT rows and preference pairs drawn into each step
     keep_corrections: bool = True  # the run's corrections join the logged rows that each step draws from
     rehearsal_per_step: int = 8  # rows of TaskPool.rehearsal drawn into each step (with sft_coef > 0)
+    sft_warmup_epochs: int = 0  # supervised passes over every logged row (focus, sft, rehearsal) before RL
+    sft_warmup_batch: int = 32  # rows per optimizer step of that warm-up (supervised_warmup)
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -164,6 +166,46 @@ def replay_anchor_rows(trajectories: list, is_replay: bool) -> list[Row]:
             for s in best.steps if s.completion_token_ids]
 
 
+def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path) -> dict:
+    """`cfg.sft_warmup_epochs` seeded passes over all of the pool's supervised rows (focus, logged,
+    rehearsal), `cfg.sft_warmup_batch` rows per optimizer step; the summary goes to `warmup.json`.
+
+    Why: RL steps draw logged rows a few at a time and take them in one optimizer step each, so in
+    a 30-step cycle each memory-distilled row was seen ~0.2 times (stop 37: 365 distilled among 1538
+    focus rows, 8 focus rows a step): what memory taught barely reached the weights. A supervised
+    pass first (SFT, then RL, as in the practice) gives every row its gradient steps; the anchors and
+    rehearsal rows in the same batches hold what the policy already did right."""
+    rows = list(pool.sft_focus) + list(pool.sft_rows) + list(pool.rehearsal)
+    bs = max(1, cfg.sft_warmup_batch)
+    per_epoch = (len(rows) + bs - 1) // bs
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    bar = None
+    if cfg.progress and rows:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.sft_warmup_epochs * per_epoch, desc="sft warm-up", unit="step", leave=False)
+    for epoch in range(cfg.sft_warmup_epochs if rows else 0):
+        order = random.Random(f"{cfg.seed}/warmup/{epoch}").sample(rows, len(rows))
+        for i in range(0, len(order), bs):
+            losses.append(float(learner.step([], order[i:i + bs])["sft_loss"]))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if bar is not None:
+        bar.close()
+
+    def epoch_mean(e: int) -> float | None:
+        xs = losses[e * per_epoch:(e + 1) * per_epoch]
+        return sum(xs) / len(xs) if xs else None
+
+    summary = {"epochs": cfg.sft_warmup_epochs, "rows": len(rows), "focus_rows": len(pool.sft_focus),
+               "steps": len(losses), "batch": bs, "seconds": round(time.perf_counter() - t0, 1),
+               "epoch_loss": [epoch_mean(e) for e in range(cfg.sft_warmup_epochs if rows else 0)]}
+    (out / "warmup.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def default_pool(cfg: RLConfig) -> TaskPool:
     from dynamic_bench import generate_tasks
     from dynamic_bench.env import ENV_IDS
@@ -249,6 +291,11 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         diag.truncate(step)
     else:
         diag.truncate(0)
+        if cfg.sft_warmup_epochs and cfg.sft_coef:  # then checkpointed: a resumed run does not redo it
+            supervised_warmup(learner, pool, cfg, out)
+            adapter_path = learner.save_adapter(out / "adapters" / "v0")
+            _save_checkpoint(out, learner, {"step": 0, "version": 0, "order_id": 0, "scheduler": sched.state_dict(),
+                                            "gate": gate.state_dict(), "rng": rng.getstate(), "corrections": []})
     channel.publish(adapter_path, version)
 
     def make_order() -> WorkOrder:
