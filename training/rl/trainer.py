@@ -275,6 +275,12 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
     channel = AdapterChannel(out / "adapters")
     adapter_path: Path | None = None
     ckpt_state: dict | None = None
+
+    def checkpoint(corrections: list[Row]) -> None:
+        _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
+                                        "scheduler": sched.state_dict(), "gate": gate.state_dict(),
+                                        "rng": rng.getstate(), "corrections": corrections})
+
     if ckpt is not None:
         # read on the host: a checkpoint written on one device resumes on another (the optimizer's
         # load_state_dict moves its moments to the parameters' device)
@@ -291,8 +297,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         if cfg.sft_warmup_epochs and cfg.sft_coef:  # then checkpointed: a resumed run does not redo it
             supervised_warmup(learner, pool, cfg, out)
             adapter_path = learner.save_adapter(out / "adapters" / "v0")
-            _save_checkpoint(out, learner, {"step": 0, "version": 0, "order_id": 0, "scheduler": sched.state_dict(),
-                                            "gate": gate.state_dict(), "rng": rng.getstate(), "corrections": []})
+            checkpoint(corrections=[])
     channel.publish(adapter_path, version)
 
     def make_order() -> WorkOrder:
@@ -379,9 +384,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
                 row.update(score_heldout(eval_engine))
             diag.log(row)
             if step % cfg.checkpoint_every == 0 or last:
-                _save_checkpoint(out, learner, {"step": step, "version": version, "order_id": order_id,
-                                                "scheduler": sched.state_dict(), "gate": gate.state_dict(),
-                                                "rng": rng.getstate(), "corrections": corrections})
+                checkpoint(corrections)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward_mean']:.2f}", zv=f"{row['zero_var_frac']:.2f}")
