@@ -97,6 +97,11 @@ class CycleConfig:
                                         # rehearsal) before the RL steps (training.rl.trainer.supervised_warmup).
                                         # Build E seed-1 window: 0 gave +6.0 / 0.0 / +9.0 / +2.0, no memory 0.705;
                                         # 2 gave +25.0 / -1.0 / +18.5 / +0.5, no memory 0.930 (4: same, 2x slower)
+    sft_warmup_lr: float = 0.0          # that warm-up's learning rate (0: `lr`; RL steps keep `lr`). Demo seed 0's
+                                        # window, warm-up 1 alone, gate current / old rules: 5e-4 0.920 / 0.900,
+                                        # 2.5e-4 0.925 / 0.930, 1.25e-4 0.905 / 0.940 (cold start 0.705 / 1.000);
+                                        # after 8 RL steps the gate could not tell 2.5e-4 from 5e-4 (seed 0: old
+                                        # rules -7.5 both; seed 1: -4.0 vs -3.5), so the default stays `lr`
     explore_eps: float = 0.2            # action-level exploration (PROTOTYPE-FINDINGS 4)
     max_turns: int = 8
     replay_share: float = 0.4           # share of older-rule tasks replayed during training. Until the scheduler's

@@ -187,15 +187,12 @@ def test_a_pool_tasks_memory_notes_are_shown_when_it_is_played(drift_policy, tmp
     assert a.keys() == b.keys() and any(not a[k].equal(b[k]) for k in a)
 
 
-def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_on_resume(
-        drift_policy, tmp_path, deny_pool):
-    """`sft_warmup_epochs`: seeded passes over the focus, logged and rehearsal rows, batch by batch,
-    before the first RL step; its loss falls over the epochs; it is checkpointed, so a run killed
-    during RL resumes exactly as the uninterrupted one and does not redo it."""
+def _warmup_pool(policy: str, pool: TaskPool) -> TaskPool:
+    """`pool` with 5 focus rows, 3 logged rows and 2 rehearsal rows (short texts, one target each)."""
     from training.policy import load_tokenizer
     from training.rl.learner import Row
 
-    tok = load_tokenizer(drift_policy)
+    tok = load_tokenizer(policy)
     texts = ["refund the order", "escalate to a human agent", "offer an exchange", "deny the request",
              "issue a coupon of 10", "look up the customer", "reply with the policy", "check the delivery date"]
 
@@ -203,9 +200,17 @@ def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_o
         return Row(tok.encode(f"case {i}: what now?", add_special_tokens=False),
                    tok.encode(text, add_special_tokens=False), [], sft=True)
 
-    pool = dataclasses.replace(deny_pool, sft_focus=[row(i, t) for i, t in enumerate(texts[:5])],
+    return dataclasses.replace(pool, sft_focus=[row(i, t) for i, t in enumerate(texts[:5])],
                                sft_rows=[row(10 + i, t) for i, t in enumerate(texts[5:])],
                                rehearsal=[row(20, texts[0]), row(21, texts[3])])
+
+
+def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_on_resume(
+        drift_policy, tmp_path, deny_pool):
+    """`sft_warmup_epochs`: seeded passes over the focus, logged and rehearsal rows, batch by batch,
+    before the first RL step; its loss falls over the epochs; it is checkpointed, so a run killed
+    during RL resumes exactly as the uninterrupted one and does not redo it."""
+    pool = _warmup_pool(drift_policy, deny_pool)
     kw = dict(steps=3, checkpoint_every=2, sft_warmup_epochs=4, sft_warmup_batch=4, lr=3e-3)
     full = tmp_path / "full"
     _run(_cfg(drift_policy, full, **kw), pool)
@@ -228,6 +233,22 @@ def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_o
     _run(_cfg(drift_policy, tmp_path / "none", steps=3, checkpoint_every=2, lr=3e-3), pool)
     assert _trace(tmp_path / "none") != _trace(full)  # the warm-up changed the policy RL started from
     assert not (tmp_path / "none" / "warmup.json").exists()
+    _run(_cfg(drift_policy, tmp_path / "no-rows", steps=1, sft_warmup_epochs=4), deny_pool)
+    summary = json.loads((tmp_path / "no-rows" / "warmup.json").read_text())
+    assert (summary["epochs"], summary["rows"], summary["steps"]) == (0, 0, 0)  # what ran, not what was asked
+
+
+def test_warmup_takes_its_own_learning_rate_and_the_rl_steps_keep_theirs(drift_policy, tmp_path, deny_pool):
+    """`sft_warmup_lr`: a near-zero warm-up rate leaves the loss where it was over four epochs (at
+    3e-3 it falls, test above), and the optimizer the RL steps resume with is back at `lr`."""
+    out = tmp_path / "slow"
+    _run(_cfg(drift_policy, out, steps=2, checkpoint_every=1, sft_warmup_epochs=4, sft_warmup_batch=4,
+              sft_warmup_lr=1e-9, lr=3e-3), _warmup_pool(drift_policy, deny_pool))
+    summary = json.loads((out / "warmup.json").read_text())
+    losses = summary["epoch_loss"]
+    assert summary["lr"] == 1e-9 and max(losses) - min(losses) < 1e-3, losses
+    state = torch.load(out / "checkpoint" / "state.pt", map_location="cpu", weights_only=False)
+    assert {g["lr"] for g in state["learner"]["optimizer"]["param_groups"]} == {3e-3}
 
 
 def test_config_is_validated(drift_policy, tmp_path, deny_pool):

@@ -136,6 +136,11 @@ class Learner:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
 
+    def set_lr(self, lr: float) -> None:
+        """The optimizer's learning rate from the next step on (the warm-up takes its own)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     # ---- scoring --------------------------------------------------------------------------
     def _forward(self, rows: Sequence[Row], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Right-padded batch → per-token logprobs [R, T] on completion slots, mask [R, T], entropy.

@@ -78,6 +78,7 @@ class RLConfig:
     rehearsal_per_step: int = 8  # rows of TaskPool.rehearsal drawn into each step (with sft_coef > 0)
     sft_warmup_epochs: int = 0  # supervised passes over every logged row (focus, sft, rehearsal) before RL
     sft_warmup_batch: int = 32  # rows per optimizer step of that warm-up (supervised_warmup)
+    sft_warmup_lr: float | None = None  # the warm-up's learning rate (None: `lr`); RL steps keep `lr`
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -181,23 +182,23 @@ def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path
     per_epoch = (len(rows) + bs - 1) // bs
     epoch_loss: list[float] = []
     t0 = time.perf_counter()
-    bar = None
-    if cfg.progress and epochs:
-        from tqdm import tqdm
-
-        bar = tqdm(total=epochs * per_epoch, desc="sft warm-up", unit="step", leave=False)
-    for epoch in range(epochs):
-        order = random.Random(f"{cfg.seed}/warmup/{epoch}").sample(rows, len(rows))
-        losses: list[float] = []
-        for i in range(0, len(order), bs):
-            losses.append(float(learner.step([], order[i:i + bs])["sft_loss"]))
-            if bar is not None:
-                bar.update(1)
-        epoch_loss.append(sum(losses) / len(losses))
-    if bar is not None:
-        bar.close()
-    summary = {"epochs": cfg.sft_warmup_epochs, "rows": len(rows), "focus_rows": len(pool.sft_focus),
-               "steps": epochs * per_epoch, "batch": bs, "seconds": round(time.perf_counter() - t0, 1),
+    bar = _progress(cfg, epochs * per_epoch, "sft warm-up") if epochs else None
+    learner.set_lr(cfg.sft_warmup_lr or cfg.lr)
+    try:
+        for epoch in range(epochs):
+            order = random.Random(f"{cfg.seed}/warmup/{epoch}").sample(rows, len(rows))
+            losses: list[float] = []
+            for i in range(0, len(order), bs):
+                losses.append(float(learner.step([], order[i:i + bs])["sft_loss"]))
+                if bar is not None:
+                    bar.update(1)
+            epoch_loss.append(sum(losses) / len(losses))
+    finally:
+        learner.set_lr(cfg.lr)
+        if bar is not None:
+            bar.close()
+    summary = {"epochs": epochs, "rows": len(rows), "focus_rows": len(pool.sft_focus),
+               "steps": epochs * per_epoch, "batch": bs, "lr": cfg.sft_warmup_lr or cfg.lr, "seconds": round(time.perf_counter() - t0, 1),
                "epoch_loss": epoch_loss}
     (out / "warmup.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -334,7 +335,7 @@ def train_rl(cfg: RLConfig, pool: TaskPool | None = None,
         start = score_heldout(eval_engine)
     workers = WorkerPool(factory, cfg.n_workers, out / "adapters", backend=cfg.backend)
     keep_versions = cfg.keep_adapters or cfg.eta + 3
-    bar = _progress(cfg, step)
+    bar = _progress(cfg, cfg.steps, f"rl η={cfg.eta}", initial=step)
     t_start = time.perf_counter()
     try:
         while step < cfg.steps:
@@ -410,12 +411,13 @@ def _task_states(sched: TaskScheduler, limit: int = 200) -> dict[str, dict]:
             for t, s in list(sched.tasks.items())[:limit]}
 
 
-def _progress(cfg: RLConfig, start: int):
+def _progress(cfg: RLConfig, total: int, desc: str, initial: int = 0):
+    """A step bar (warm-up, RL steps) when `cfg.progress` asks for one."""
     if not cfg.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=cfg.steps, initial=start, desc=f"rl η={cfg.eta}", unit="step", leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", leave=False)
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
