@@ -246,7 +246,8 @@ def test_warmup_takes_its_own_learning_rate_and_the_rl_steps_keep_theirs(drift_p
               sft_warmup_lr=1e-9, lr=3e-3), _warmup_pool(drift_policy, deny_pool))
     summary = json.loads((out / "warmup.json").read_text())
     losses = summary["epoch_loss"]
-    assert summary["lr"] == 1e-9 and max(losses) - min(losses) < 1e-3, losses
+    # flat up to LoRA dropout's noise (~0.01 measured); at 3e-3 the same rows fall by more than 0.1
+    assert summary["lr"] == 1e-9 and max(losses) - min(losses) < 0.05, losses
     state = torch.load(out / "checkpoint" / "state.pt", map_location="cpu", weights_only=False)
     assert {g["lr"] for g in state["learner"]["optimizer"]["param_groups"]} == {3e-3}
 
