@@ -204,7 +204,7 @@ def train(ctx: CycleContext) -> dict:
                   sft_coef=cfg.sft_coef, pref_coef=cfg.pref_coef, explore_eps=cfg.explore_eps,
                   experience_per_step=cfg.experience_per_step, replay_share=cfg.replay_share,
                   rehearsal_per_step=cfg.rehearsal_per_step, sft_warmup_epochs=cfg.sft_warmup_epochs,
-                  sft_warmup_lr=cfg.sft_warmup_lr or None,
+                  sft_warmup_lr=cfg.sft_warmup_lr,
                   n_workers=1, eta=0, lr=cfg.lr, ppo_epochs=cfg.ppo_epochs, kl_coef=cfg.kl_coef,
                   eval_every=max(1, cfg.rl_steps // 3), max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()

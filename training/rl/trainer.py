@@ -78,7 +78,7 @@ class RLConfig:
     rehearsal_per_step: int = 8  # rows of TaskPool.rehearsal drawn into each step (with sft_coef > 0)
     sft_warmup_epochs: int = 0  # supervised passes over every logged row (focus, sft, rehearsal) before RL
     sft_warmup_batch: int = 32  # rows per optimizer step of that warm-up (supervised_warmup)
-    sft_warmup_lr: float | None = None  # the warm-up's learning rate (None: `lr`); RL steps keep `lr`
+    sft_warmup_lr: float = 0.0  # the warm-up's learning rate (0: `lr`); RL steps keep `lr`
     # async actor/learner
     eta: int = 0  # staleness bound; 0 = synchronous
     n_workers: int = 2
@@ -182,8 +182,9 @@ def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path
     per_epoch = (len(rows) + bs - 1) // bs
     epoch_loss: list[float] = []
     t0 = time.perf_counter()
+    lr = cfg.sft_warmup_lr or cfg.lr
     bar = _progress(cfg, epochs * per_epoch, "sft warm-up") if epochs else None
-    learner.set_lr(cfg.sft_warmup_lr or cfg.lr)
+    learner.set_lr(lr)
     try:
         for epoch in range(epochs):
             order = random.Random(f"{cfg.seed}/warmup/{epoch}").sample(rows, len(rows))
@@ -198,8 +199,8 @@ def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path
         if bar is not None:
             bar.close()
     summary = {"epochs": epochs, "rows": len(rows), "focus_rows": len(pool.sft_focus),
-               "steps": epochs * per_epoch, "batch": bs, "lr": cfg.sft_warmup_lr or cfg.lr, "seconds": round(time.perf_counter() - t0, 1),
-               "epoch_loss": epoch_loss}
+               "steps": epochs * per_epoch, "batch": bs, "lr": lr,
+               "seconds": round(time.perf_counter() - t0, 1), "epoch_loss": epoch_loss}
     (out / "warmup.json").write_text(json.dumps(summary, indent=2))
     return summary
 
