@@ -115,6 +115,10 @@ class CycleConfig:
     train_heldout_tasks: int = 24       # per slice (current, old rules), scored during training for
                                         # the diagnosis; drawn apart from the gate's tasks (at 8 the
                                         # diagnosis said "flat" in a run whose gate found +6.5 points)
+    select_scales: tuple[float, ...] = (1.0, 0.75, 0.5)  # the trained adapter's update scaled toward the base
+                                        # (WiSE-FT), each played on tasks drawn apart from the gate's; the gate's
+                                        # rule picks one (evolve.selection). (1.0,): the adapter as trained
+    select_tasks: int = 100             # per gate slice, for that choice
     # gate
     gate_tasks: int = 100               # tasks per slice: 48 missed a +7-point gain that 200 found
     gate_seeds: int = 1

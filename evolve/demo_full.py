@@ -23,12 +23,13 @@ from evolve.report import md_table, plot_arms, write_json
 TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, supervised warm-up epochs, RL steps, learning rate, logged rows per step,
     # exploration, gate tasks per slice, fresh tasks for memory distillation, training held-out tasks per
-    # slice, fresh tasks after the cycle. Small with warm-up 1 and 8 RL steps: ~8 min instead of ~17-29, but
-    # seed 1's candidate forgot 3.5-4.0 points (rejected; 1.0 and promoted with these), see README
+    # slice, tasks per slice choosing the adapter's scale, fresh tasks after the cycle. Small with warm-up 1
+    # and 8 RL steps: ~8 min instead of ~17-29, but seed 1's candidate forgot 3.5-4.0 points (rejected; 1.0
+    # and promoted with these), see README
     "tiny": dict(episodes=16, cycle_at=0.5, warmup=2, rl_steps=1, lr=2e-4, experience=16, explore=0.2,
-                 gate_tasks=4, max_turns=4, groups=2, distill=8, heldout=4, after=4),
+                 gate_tasks=4, max_turns=4, groups=2, distill=8, heldout=4, select=4, after=4),
     "small": dict(episodes=120, cycle_at=0.6, warmup=2, rl_steps=30, lr=5e-4, experience=64, explore=0.05,
-                  gate_tasks=200, max_turns=8, groups=4, distill=256, heldout=24, after=200),
+                  gate_tasks=200, max_turns=8, groups=4, distill=256, heldout=24, select=100, after=200),
 }
 
 
@@ -107,7 +108,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                                  experience_per_step=size["experience"], explore_eps=size["explore"],
                                  gate_tasks=size["gate_tasks"], groups_per_step=size["groups"],
                                  max_turns=size["max_turns"], distill_tasks=size["distill"],
-                                 train_heldout_tasks=size["heldout"],
+                                 train_heldout_tasks=size["heldout"], select_tasks=size["select"],
                                  base_model=str(policy)), **cfg.cycle})
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
@@ -148,7 +149,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
     old = gate_slices.get("old_rules")
     forgetting = round(-old["delta"] * 100, 2) + 0.0 if old else None  # the gate's paired delta; no -0.0
     cons = state.stages["consolidate"]["output"]
-    exp = state.stages["experience"]["output"]
+    exp, train_out = state.stages["experience"]["output"], state.stages["train"]["output"]
     report = {"mode": "full", "config": asdict(cfg), "episodes": n, "cycle_at": c, "shifts": shifts,
               "window": window, "promoted": promoted, "cycle_id": state.cycle_id, "cycle_config": asdict(ccfg),
               "gate": gate_out, "arms": table, "new_rules_after_cycle": new_rules, "after_cycle_fresh_tasks": after,
@@ -191,6 +192,9 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                                       if exp.get("memory_anchor_rows") else "") +
           f"); {exp.get('memory_rl_tasks', 0)} tasks it failed with memory recalled were "
           f"played in RL with that memory shown.", "",
+          f"Candidate: the trained adapter at scale {train_out.get('selected_scale', 1.0)} (chosen by the gate's rule on "
+          f"{sum((train_out.get('selection') or {}).get('tasks', {}).values())} tasks apart from the gate's; "
+          "evolve.selection).", "",
           "Gate: " + "; ".join(gate_out.get("reasons", [])), "", f"![curve]({png.name})", "",
           f"Cycle report: {report['cycle_report']}", ""]
     (out / "report.md").write_text("\n".join(md))

@@ -61,6 +61,14 @@ def write_cycle_report(cycle_dir: Path, report: dict) -> dict[str, Path]:
     diagnosis = ((report.get("stages") or {}).get("train") or {}).get("diagnosis") or []
     if diagnosis:
         lines += ["", "## Training diagnosis", "", *diagnosis]
+    selection = ((report.get("stages") or {}).get("train") or {}).get("selection") or {}
+    if selection.get("scales"):
+        names = list(selection["tasks"])
+        lines += ["", "## Candidate selection (adapter scaled toward the base; tasks apart from the gate's)", "",
+                  md_table(["scale", *[f"{k} delta (n={selection['tasks'][k]})" for k in names], "gate rule"],
+                           [[s, *[d.get(k) for k in names], "promote" if float(s) in selection["passing"] else "reject"]
+                            for s, d in selection["scales"].items()]),
+                  "", f"Chosen: scale {selection['scale']}."]
     if slices:
         lines += ["", "## Gate (paired, same tasks and seeds)", "",
                   md_table(["slice", "n", "current", "candidate", "delta", "95% CI", "wins", "losses", "p(better)"],

@@ -35,6 +35,12 @@ def registry(ctx: CycleContext):
     return PolicyRegistry(ctx.data_dir)
 
 
+def serving_policy(reg) -> tuple[str | None, str]:
+    """(adapter path, version) of the policy the registry serves now (no adapter: the base)."""
+    cur = reg.current()
+    return cur.adapter_path if cur else None, reg.current_version()
+
+
 def base_policy(cfg: CycleConfig) -> Path:
     """The base policy the service serves: `cfg.base_model`, or the cold-start policy under the data folder."""
     if cfg.base_model:
@@ -150,10 +156,8 @@ def experience(ctx: CycleContext) -> dict:
     if cfg.distill_tasks and learnable and not cfg.corrupt_rewards:
         from evolve.distill import memory_distillation
 
-        reg = registry(ctx)
-        cur = reg.current()
-        serving = (cur.adapter_path if cur else None, reg.current_version())
-        drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving, cfg.distill_tasks)
+        drows, distilled = memory_distillation(cfg, memory(ctx), learnable, serving_policy(registry(ctx)),
+                                               cfg.distill_tasks)
         write_jsonl(out / "distilled.jsonl", drows)
         write_json(out / "distill_outcomes.json", distilled.pop("outcomes"))
         memory_rl = distilled.pop("memory_rl")  # RL tasks played with memory shown
@@ -169,6 +173,7 @@ def experience(ctx: CycleContext) -> dict:
 
 def train(ctx: CycleContext) -> dict:
     from dynamic_bench.schema import Task
+    from evolve.selection import select_scale
     from evolve.training_rows import logged_experience, rehearsal_examples, rehearsal_rows
     from training.rl.diagnostics import held_out_series
     from training.rl.trainer import RLConfig, TaskPool, read_metrics, train_rl
@@ -209,6 +214,10 @@ def train(ctx: CycleContext) -> dict:
                   eval_every=max(1, cfg.rl_steps // 3), max_turns=cfg.max_turns, progress=True, resume=True)
     t0 = time.time()
     adapter = train_rl(rl, pool=pool)
+    reg = registry(ctx)
+    adapter, selection = select_scale(
+        cfg, lambda: judged_slices(cfg, contexts, memory(ctx), window(ctx), cfg.select_tasks, purpose="select"),
+        adapter, serving_policy(reg), ctx.dir / "select")
     ctx.fault_point("train")
     version = f"v-{ctx.state.cycle_id}" + ("-corrupt" if cfg.corrupt_rewards else "")
     dest = ctx.data_dir / "policies" / "adapters" / version
@@ -218,7 +227,6 @@ def train(ctx: CycleContext) -> dict:
         shutil.copytree(adapter, tmp)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
-    reg = registry(ctx)
     reg.register(version, dest, parent=reg.current_version(), base_model=str(base), cycle=ctx.state.cycle_id)
     m = read_metrics(ctx.dir / "train")
     heldout = {}  # before training and at its end, per held-out slice: did training generalise?
@@ -232,6 +240,7 @@ def train(ctx: CycleContext) -> dict:
             "logged_pref_pairs": len(pool.pref_pairs),
             "rl_tasks": len(pool.tasks) - len(pool.replay), "replay_tasks": len(pool.replay),
             "memory_rl_tasks": len(pool.memory), "rehearsal_rows": len(pool.rehearsal),
+            "selected_scale": selection.get("scale", 1.0), "selection": selection,
             **{f"sft_warmup_{k}": v for k, v in (json.loads(warmup.read_text()) if warmup.exists() else {}).items()},
             "diagnosis": diagnosis.read_text().splitlines() if diagnosis.exists() else []}
 
@@ -300,7 +309,20 @@ def tenant_tasks(cfg: CycleConfig, trajs: list, n: int, purpose: str, split: str
     return out
 
 
-def memory_slice(cfg: CycleConfig, mem, trajs: list, n: int = 0) -> tuple[list, list[list[str]]]:
+def judged_slices(cfg: CycleConfig, contexts: list[dict], mem, trajs: list, n: int = 0,
+                  purpose: str = "gate") -> tuple[dict[str, list], dict[str, list[list[str]]]]:
+    """The slices a candidate is judged on (`gate_slices`, and `with_memory` from `memory_slice`
+    where any tenant has something recalled: else it would repeat "current") and the notes shown
+    per slice: the gate's with purpose "gate", candidate selection's (evolve.selection) with another."""
+    slices = gate_slices(cfg, contexts, n, purpose=purpose)
+    mem_tasks, notes = memory_slice(cfg, mem, trajs, n, purpose=f"{purpose}-memory")
+    if any(notes):
+        slices["with_memory"] = mem_tasks
+    return slices, {"with_memory": notes}
+
+
+def memory_slice(cfg: CycleConfig, mem, trajs: list, n: int = 0,
+                 purpose: str = "gate-memory") -> tuple[list, list[list[str]]]:
     """The gate's `with_memory` slice: test tasks under each tenant's latest rules (`n` in all,
     default `cfg.gate_tasks`), each with the notes the runtime would recall from that tenant's
     memory (`recalled_notes`). Why: the service serves the promoted adapter *with* memory, and on
@@ -309,7 +331,7 @@ def memory_slice(cfg: CycleConfig, mem, trajs: list, n: int = 0) -> tuple[list, 
     candidate (-9.0 points: 25 of its 32 losses were refunds over the new escalation threshold)."""
     from runtime.graph import recalled_notes
 
-    pairs = [(tenant, t) for tenant, ts in tenant_tasks(cfg, trajs, n or cfg.gate_tasks, "gate-memory").items()
+    pairs = [(tenant, t) for tenant, ts in tenant_tasks(cfg, trajs, n or cfg.gate_tasks, purpose).items()
              for t in ts]
     return [t for _, t in pairs], recalled_notes(mem, pairs)
 
@@ -355,14 +377,9 @@ def gate(ctx: CycleContext) -> dict:
         ev = json.loads(ev_path.read_text())
     else:
         contexts = json.loads((ctx.dir / "experience" / "contexts.json").read_text())
-        slices = gate_slices(cfg, contexts)
-        mem_tasks, notes = memory_slice(cfg, memory(ctx), window(ctx))
-        if any(notes):  # no tenant has anything recalled: the slice would repeat "current"
-            slices["with_memory"] = mem_tasks
-        cur = reg.current()
-        seed = cfg.seed * 7 + 1
-        current, candidate = evaluate(cfg, [(cur.adapter_path if cur else None, reg.current_version()),
-                                            (rec.adapter_path, cand)], slices, seed, memory={"with_memory": notes})
+        slices, notes = judged_slices(cfg, contexts, memory(ctx), window(ctx))
+        current, candidate = evaluate(cfg, [serving_policy(reg), (rec.adapter_path, cand)], slices, cfg.seed * 7 + 1,
+                                      memory=notes)
         ev = {"current_version": reg.current_version(), "candidate_version": cand,
               "n_tasks": {k: len(v) for k, v in slices.items()},
               "task_ids": {k: [t.id for t in v] for k, v in slices.items()}, "current": current, "candidate": candidate}

@@ -167,3 +167,28 @@ def save_random_adapter(model_path: str | Path, out_dir: str | Path, r: int = 8,
                 p.normal_(0.0, 0.05 * scale)
     model.save_pretrained(str(out_dir))
     return Path(out_dir)
+
+
+def scale_adapter(src: str | Path, dst: str | Path, scale: float) -> Path:
+    """A copy of the LoRA adapter at `src` whose update is `scale` times the original (every
+    `lora_B` multiplied by `scale`, so B·A is): 0 is the base model, 1 the adapter. Why: weight
+    interpolation toward the base (WiSE-FT) trades some of a fine-tune's gain for what it forgot,
+    and the evolve cycle picks the scale on held-out tasks (evolve.selection). Written to a
+    temporary folder and renamed, so a killed write leaves no half adapter at `dst`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    weights = src / "adapter_model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights}: scale_adapter needs a safetensors LoRA adapter")
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    sd = load_file(str(weights))
+    save_file({k: (t * scale if "lora_B" in k else t).contiguous() for k, t in sd.items()},
+              str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
     base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
                 groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, train_heldout_tasks=4,
-                memory_rl_tasks=4, seed=0)
+                memory_rl_tasks=4, select_tasks=4, seed=0)
     return CycleConfig(**{**base, **kw})
 
 
@@ -121,6 +121,32 @@ def test_training_scores_held_out_tasks_apart_from_the_gate(clean_cycle, tiny_po
     held = gate_slices(cfg, contexts, cfg.train_heldout_tasks, purpose="train-heldout")["current"]
     assert len(held) == cfg.train_heldout_tasks
     assert {t.id for t in held}.isdisjoint({t.id for t in gate})
+
+
+def test_the_candidate_is_the_trained_adapter_at_the_scale_selection_chose(clean_cycle, tiny_policy):
+    """Selection plays the adapter at each scale on tasks apart from the gate's; the registered
+    candidate is the adapter at the chosen scale (lora_B scaled, lora_A as trained)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from evolve.stages import gate_slices
+
+    d, state = clean_cycle
+    train = state.stages["train"]["output"]
+    sel = train["selection"]
+    assert set(sel["scales"]) == {"1.0", "0.75", "0.5"} and train["selected_scale"] == sel["scale"]
+    assert all(set(deltas) == set(sel["tasks"]) for deltas in sel["scales"].values())
+    assert set(sel["passing"]) <= {1.0, 0.75, 0.5}
+    folder = d / "cycles" / state.cycle_id
+    contexts = json.loads((folder / "experience" / "contexts.json").read_text())
+    chosen = gate_slices(cfg_for(d, tiny_policy), contexts, 4, purpose="select")["current"]
+    assert {t.id for t in chosen}.isdisjoint(json.loads((folder / "gate_eval.json").read_text())["task_ids"]["current"])
+    trained = load_file(str(folder / "train" / "adapter" / "adapter_model.safetensors"))
+    served = load_file(str(registry(d).get(train["candidate"]).adapter_path) + "/adapter_model.safetensors")
+    assert set(served) == set(trained)
+    for k, t in trained.items():
+        assert torch.allclose(served[k], t * sel["scale"] if "lora_B" in k else t)
+    assert "## Candidate selection" in (folder / "report.md").read_text()
 
 
 def test_the_memory_slice_shows_each_tenant_its_own_memory(data_dir, tiny_policy):
