@@ -117,7 +117,10 @@ class CycleConfig:
                                         # diagnosis said "flat" in a run whose gate found +6.5 points)
     select_scales: tuple[float, ...] = (1.0, 0.75, 0.5)  # the trained adapter's update scaled toward the base
                                         # (WiSE-FT), each played on tasks drawn apart from the gate's; the gate's
-                                        # rule picks one (evolve.selection). (1.0,): the adapter as trained
+                                        # rule picks one (evolve.selection). (1.0,): the adapter as trained.
+                                        # Demo seed 0, build E, warm-up 1 and 8 RL steps: without it rejected
+                                        # (+18.0 / -7.5 old rules); with it 0.75 chosen (selection tasks: 1.0
+                                        # old rules -5.0) and promoted: +17.5 / -1.0 / +19.5 / +3.5
     select_tasks: int = 100             # per gate slice, for that choice
     # gate
     gate_tasks: int = 100               # tasks per slice: 48 missed a +7-point gain that 200 found
