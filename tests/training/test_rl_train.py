@@ -238,6 +238,34 @@ def test_supervised_warmup_trains_every_logged_row_before_rl_and_is_not_redone_o
     assert (summary["epochs"], summary["rows"], summary["steps"]) == (0, 0, 0)  # what ran, not what was asked
 
 
+def test_warmup_batches_keep_each_episode_whole_and_take_every_row_once():
+    """`warmup_batches`: an episode's turns (each prompt extends the last turn's ids) stay together
+    and in order, so the learner runs one sequence per episode; rows that chain to nothing are
+    episodes of their own; each batch closes once it holds `batch` rows; the order is seeded."""
+    from training.rl.learner import Row, episode_chains, packed_sequences
+    from training.rl.trainer import warmup_batches
+
+    rows, k = [], 0
+    for ep, turns in enumerate([3, 1, 4, 2, 2, 1, 3]):
+        prompt = [1000 + ep]
+        for _ in range(turns):
+            rows.append(Row(list(prompt), [k, k + 1], [], sft=True))
+            prompt, k = prompt + [k, k + 1, 999], k + 2  # the next turn: last prompt, completion, observation
+    rows.append(Row([5, 6], [7], [], sft=True))  # a lone row (a focused decision, a truncated context)
+
+    batches = warmup_batches(rows, 4, "s/0")
+    flat = [r for b in batches for r in b]
+    assert sorted(id(r) for r in flat) == sorted(id(r) for r in rows)  # every row, once
+    episodes = 8
+    assert sum(len(packed_sequences(b)[0]) for b in batches) == episodes  # no episode split across batches
+    assert len(packed_sequences(rows[::-1])[0]) == len(rows)  # shuffled turn by turn: one sequence each
+    for b in batches[:-1]:  # closed by the episode that brought it to 4 rows
+        assert len(b) >= 4 and len(b) - len(episode_chains(b)[-1]) < 4
+    assert [len(b) for b in batches] == [len(b) for b in warmup_batches(rows, 4, "s/0")]
+    orders = {tuple(r.completion_ids[0] for r in sum(warmup_batches(rows, 4, f"s/{e}"), [])) for e in range(5)}
+    assert len(orders) > 1  # another epoch's seed, another order
+
+
 def test_warmup_takes_its_own_learning_rate_and_the_rl_steps_keep_theirs(drift_policy, tmp_path, deny_pool):
     """`sft_warmup_lr`: a near-zero warm-up rate leaves the loss where it was over four epochs (at
     3e-3 it falls, test above), and the optimizer the RL steps resume with is back at `lr`."""

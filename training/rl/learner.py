@@ -112,6 +112,19 @@ def packed_sequences(rows: Sequence[Row]) -> tuple[list[list[int]], list[int]]:
     return seqs, host
 
 
+def episode_chains(rows: Sequence[Row]) -> list[list[Row]]:
+    """`rows` cut into runs of consecutive turns of one episode: the rows `packed_sequences` puts in
+    one sequence (a row that is no earlier turn of the next one is a run of its own)."""
+    _, host = packed_sequences(rows)
+    chains: list[list[Row]] = []
+    for i, r in enumerate(rows):
+        if i and host[i] == host[i - 1]:
+            chains[-1].append(r)
+        else:
+            chains.append([r])
+    return chains
+
+
 class Learner:
     """Owns the trainable LoRA model and its optimizer; `step()` is one learner update."""
 
