@@ -253,7 +253,8 @@ def test_warmup_batches_keep_each_episode_whole_and_take_every_row_once():
             prompt, k = prompt + [k, k + 1, 999], k + 2  # the next turn: last prompt, completion, observation
     rows.append(Row([5, 6], [7], [], sft=True))  # a lone row (a focused decision, a truncated context)
 
-    batches = warmup_batches(rows, 4, "s/0")
+    chains = episode_chains(rows)
+    batches = warmup_batches(chains, 4, "s/0")
     flat = [r for b in batches for r in b]
     assert sorted(id(r) for r in flat) == sorted(id(r) for r in rows)  # every row, once
     episodes = 8
@@ -261,8 +262,8 @@ def test_warmup_batches_keep_each_episode_whole_and_take_every_row_once():
     assert len(packed_sequences(rows[::-1])[0]) == len(rows)  # shuffled turn by turn: one sequence each
     for b in batches[:-1]:  # closed by the episode that brought it to 4 rows
         assert len(b) >= 4 and len(b) - len(episode_chains(b)[-1]) < 4
-    assert [len(b) for b in batches] == [len(b) for b in warmup_batches(rows, 4, "s/0")]
-    orders = {tuple(r.completion_ids[0] for r in sum(warmup_batches(rows, 4, f"s/{e}"), [])) for e in range(5)}
+    assert [[id(r) for r in b] for b in batches] == [[id(r) for r in b] for b in warmup_batches(chains, 4, "s/0")]
+    orders = {tuple(r.completion_ids[0] for r in sum(warmup_batches(chains, 4, f"s/{e}"), [])) for e in range(5)}
     assert len(orders) > 1  # another epoch's seed, another order
 
 

@@ -180,7 +180,8 @@ def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path
     rows = list(pool.sft_focus) + list(pool.sft_rows) + list(pool.rehearsal)
     bs = max(1, cfg.sft_warmup_batch)
     epochs = cfg.sft_warmup_epochs if rows else 0
-    plan = [warmup_batches(rows, bs, f"{cfg.seed}/warmup/{epoch}") for epoch in range(epochs)]
+    chains = episode_chains(rows)
+    plan = [warmup_batches(chains, bs, f"{cfg.seed}/warmup/{epoch}") for epoch in range(epochs)]
     epoch_loss: list[float] = []
     t0 = time.perf_counter()
     lr = cfg.sft_warmup_lr or cfg.lr
@@ -205,14 +206,13 @@ def supervised_warmup(learner: Learner, pool: TaskPool, cfg: RLConfig, out: Path
     return summary
 
 
-def warmup_batches(rows: list[Row], batch: int, seed: str) -> list[list[Row]]:
-    """One warm-up epoch: the episodes of `rows` (`episode_chains`) in a seeded order, whole episodes
-    per batch, a batch closed once it holds `batch` rows.
+def warmup_batches(chains: list[list[Row]], batch: int, seed: str) -> list[list[Row]]:
+    """One warm-up epoch: the episodes `chains` (`episode_chains` of the rows) in a seeded order,
+    whole episodes per batch, a batch closed once it holds `batch` rows.
 
     Why whole episodes: the learner runs an episode's turns as one sequence (`packed_sequences`),
     so a batch of 32 turns from ~8 episodes costs ~8 sequences where 32 shuffled turns cost 32. The
     demo's warm-up took 244 s an epoch over 2,716 rows shuffled turn by turn, 70-80 s by episode."""
-    chains = episode_chains(rows)
     out: list[list[Row]] = [[]]
     for chain in random.Random(seed).sample(chains, len(chains)):
         if len(out[-1]) >= batch:
