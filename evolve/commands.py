@@ -33,6 +33,9 @@ def cycle(
     consolidate_neighbours: int = typer.Option(4, help="Per task of a memory item, so many tasks with its facts "
                                                        "moved a little, also solved without memory before the "
                                                        "item is retired (0: its own tasks only)."),
+    consolidate_fresh_tasks: int = typer.Option(100, help="Fresh tasks under the latest rules on which the "
+                                                          "promoted policy must need each memory item still live, "
+                                                          "or it is retired too (0: off)."),
     seed: int = typer.Option(0),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what the cycle would do; write nothing."),
 ) -> None:
@@ -43,7 +46,8 @@ def cycle(
     cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
                       gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks,
                       distill_focus=distill_focus, distill_neighbours=distill_neighbours,
-                      distill_boundary=distill_boundary, consolidate_neighbours=consolidate_neighbours, seed=seed,
+                      distill_boundary=distill_boundary, consolidate_neighbours=consolidate_neighbours,
+                      consolidate_fresh_tasks=consolidate_fresh_tasks, seed=seed,
                       dry_run=dry_run)
     if dry_run:
         typer.echo(json.dumps(plan(cfg), indent=2, default=str))

@@ -134,6 +134,13 @@ class CycleConfig:
                                         # to be solved without memory before the item is retired (build B's
                                         # promoted demo retired items on their own tasks only, and lost the
                                         # refunds a retired note had covered)
+    consolidate_fresh_tasks: int = 100  # fresh train-split tasks under the latest rules on which each item still
+                                        # live must be needed by the promoted policy, or it is retired too
+                                        # (evolve.consolidation.not_needed; 0: off). Build E, demo seed 2: the
+                                        # promoted policy succeeded on 90 of 100 without memory, 86 with its 3
+                                        # rule notes; all 3 retired, post-cycle stream 0.875 -> 0.958 (~70 s)
+    consolidate_min_success: float = 0.8  # ... and only if, without it, the policy succeeds this often on those of
+                                        # the tasks it is recalled for (it handles them)
     # mining
     retract_contradicted: bool = True   # a correction note whose "from" tool was also approved for that kind of
                                         # request in the window is retracted (evolve.mining.approved_tools). Build

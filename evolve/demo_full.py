@@ -23,15 +23,17 @@ from evolve.report import md_table, plot_arms, write_json
 TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, supervised warm-up epochs, RL steps, learning rate, logged rows per step,
     # exploration, gate tasks per slice, fresh tasks for memory distillation, training held-out tasks per
-    # slice, tasks per slice choosing the adapter's scale, fresh tasks after the cycle. Small: warm-up 2 and 8
-    # RL steps (11-12 min on 2 cores; the warm-up ~140 s since its batches hold whole episodes, 488 s before):
+    # slice, tasks per slice choosing the adapter's scale, fresh tasks after the cycle, fresh tasks for
+    # consolidation's "not needed" test. Small: warm-up 2 and 8 RL steps (12-14 min on 2 cores, of which that
+    # test ~70 s; the warm-up ~140 s since its batches hold whole episodes, 488 s before):
     # seeds 0-2 promoted with 0-1.5 points of old-rule forgetting, and without memory -1.5 / +1.0 / -4.5 points
     # from the memory arm on 200 fresh tasks (-1.5 / +3.0 / -1.0 with turns shuffled one by one). Measured before
     # that batching: warm-up 1 fell 1.0 / 7.0 / 10.0 points short; warm-up 2 and 30 steps was rejected on seed 0
     "tiny": dict(episodes=16, cycle_at=0.5, warmup=2, rl_steps=1, lr=2e-4, experience=16, explore=0.2,
-                 gate_tasks=4, max_turns=4, groups=2, distill=8, heldout=4, select=4, after=4),
+                 gate_tasks=4, max_turns=4, groups=2, distill=8, heldout=4, select=4, after=4, consolidate=4),
     "small": dict(episodes=120, cycle_at=0.6, warmup=2, rl_steps=8, lr=5e-4, experience=64, explore=0.05,
-                  gate_tasks=200, max_turns=8, groups=4, distill=256, heldout=24, select=100, after=200),
+                  gate_tasks=200, max_turns=8, groups=4, distill=256, heldout=24, select=100, after=200,
+                  consolidate=100),
 }
 
 
@@ -111,6 +113,7 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
                                  gate_tasks=size["gate_tasks"], groups_per_step=size["groups"],
                                  max_turns=size["max_turns"], distill_tasks=size["distill"],
                                  train_heldout_tasks=size["heldout"], select_tasks=size["select"],
+                                 consolidate_fresh_tasks=size["consolidate"],
                                  base_model=str(policy)), **cfg.cycle})
     state = run_cycle(ccfg)
     timings["cycle_s"] = time.time() - t
@@ -182,7 +185,11 @@ def run_full(cfg: DemoConfig) -> dict[str, Any]:
           f"Forgetting on the old-rule slice (gate, v1 tasks): "
           f"{'n/a' if forgetting is None else f'{forgetting:+.1f} points'}; "
           f"memory items retired by consolidation: {cons.get('retired', 0)} of {cons.get('items_considered', 0)}"
-          f" (judged on {cons.get('tasks_evaluated', 0)} tasks played without memory).", "",
+          f" (judged on {cons.get('tasks_evaluated', 0)} tasks played without memory"
+          + (f"; {cons.get('retired_not_needed', 0)} of them not needed on {cons['fresh_tasks']} fresh tasks, where the "
+             f"promoted policy succeeds {cons['fresh_success_with_memory']:.2f} with memory as it was, "
+             f"{cons['fresh_success_with_memory_consolidated']:.2f} as consolidated, "
+             f"{cons['fresh_success_without_memory']:.2f} without" if cons.get("fresh_tasks") else "") + ").", "",
           f"Memory distillation (before training): of {exp.get('distill_tasks', 0)} fresh tasks under the latest "
           f"rules, the serving policy solved {exp.get('with_memory', 0)} with memory and {exp.get('without_memory', 0)} "
           f"without; the {exp.get('memory_made_the_difference', 0)} only memory solved"

@@ -406,8 +406,11 @@ def consolidate(ctx: CycleContext) -> dict:
     if g.get("outcome") != "promoted":
         return {"skipped": f"no promotion ({g.get('outcome')})", "retired": 0}
     rec = registry(ctx).get(g["candidate"])
-    return run(ctx.cfg, memory(ctx), rec.adapter_path, rec.version, ctx.dir, {t.tenant for t in window(ctx)},
-               fault=lambda: ctx.fault_point("consolidate"))
+    trajs = window(ctx)
+    fresh = (tenant_tasks(ctx.cfg, trajs, ctx.cfg.consolidate_fresh_tasks, purpose="consolidate", split="train")
+             if ctx.cfg.consolidate_fresh_tasks else None)
+    return run(ctx.cfg, memory(ctx), rec.adapter_path, rec.version, ctx.dir, {t.tenant for t in trajs},
+               fault=lambda: ctx.fault_point("consolidate"), fresh=fresh)
 
 
 # ---- 6. report -----------------------------------------------------------------------------------

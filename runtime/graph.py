@@ -87,12 +87,18 @@ def recall_items(memory: Any, tenant: str, instruction: str, user_texts: list[st
     the instruction and the user's last two messages, keeping only those made for this kind of
     request (`applies_to`). One function, so what consolidation and memory distillation show
     the policy offline is what the served agent is shown."""
+    return recall_candidates(memory, tenant, instruction, user_texts, cfg)[:cfg.recall_k]
+
+
+def recall_candidates(memory: Any, tenant: str, instruction: str, user_texts: list[str], cfg: AgentConfig) -> list:
+    """The hits `recall_items` takes its first `cfg.recall_k` from (up to three times as many, best
+    first): what would be recalled instead once some of them are retired (evolve.consolidation)."""
     query = " ".join([instruction] + list(user_texts)[-2:])
     if not query.strip():
         return []
     hits = memory.search(tenant, query, k=3 * cfg.recall_k, kinds=list(cfg.recall_kinds))
     kind_of_request = template(instruction)
-    return [h for h in hits if applies_to(h.item.payload, kind_of_request)][:cfg.recall_k]
+    return [h for h in hits if applies_to(h.item.payload, kind_of_request)]
 
 
 def recalled_notes(memory: Any, requests: list[tuple[str, Any]], cfg: AgentConfig | None = None) -> list[list[str]]:

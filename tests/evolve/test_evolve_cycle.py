@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 def cfg_for(data_dir, policy, **kw) -> CycleConfig:
     base = dict(data_dir=str(data_dir), base_model=str(policy), preset="tiny", rl_steps=1, gate_tasks=4,
-                groups_per_step=2, max_turns=4, consolidate_tasks=2, distill_tasks=8, train_heldout_tasks=4,
+                groups_per_step=2, max_turns=4, consolidate_tasks=2, consolidate_fresh_tasks=4, distill_tasks=8, train_heldout_tasks=4,
                 memory_rl_tasks=4, select_tasks=4, seed=0)
     return CycleConfig(**{**base, **kw})
 
@@ -287,5 +287,6 @@ def test_cycle_command_defaults_are_the_config_defaults():
     defaults = CycleConfig()
     options = {k: p.default.default for k, p in inspect.signature(cycle).parameters.items()}
     shared = {k: str(v) if k == "data_dir" else v for k, v in options.items() if hasattr(defaults, k)}
-    assert {"distill_focus", "distill_neighbours", "distill_boundary", "consolidate_neighbours", "gate_tasks", "rl_steps"} <= set(shared)
+    assert {"distill_focus", "distill_neighbours", "distill_boundary", "consolidate_neighbours", "consolidate_fresh_tasks",
+            "gate_tasks", "rl_steps"} <= set(shared)
     assert shared == {k: getattr(defaults, k) for k in shared}
