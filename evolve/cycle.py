@@ -68,12 +68,13 @@ class CycleConfig:
                                         # 3.5 / 2.0 points where focus off, ratio 2, no neighbours forgot 3.0 /
                                         # 7.0 / 6.0 and promoted none (B: -1.0 on the current rules). Not run
                                         # on build A, where that older setting promoted. 8 here: B forgot 9.0
-    distill_boundary: int = 0           # per task only memory solved, so many tasks with one fact set on an edge
+    distill_boundary: int = 2           # per task only memory solved, so many tasks with one fact set on an edge
                                         # (a rule's threshold where the answer changes) or one past it, taken before
-                                        # the neighbours (dynamic_bench.tasks.boundary_tasks). Off: at 4 on build D,
-                                        # demo seed 1 was promoted (current +9.5, old rules 0.0 vs +18.0 / -3.0
-                                        # without) but served with memory did worse than the cold start with memory
-                                        # (0.785 vs 0.855); seed 0 lost more (-3.5 / -6.5 vs +1.0 / -2.5 without)
+                                        # the neighbours (dynamic_bench.tasks.boundary_tasks). Build E demo, with
+                                        # the warm-up and selection: 2 vs 0, candidate without memory minus the
+                                        # memory arm on 200 fresh tasks, seed 0 +1.0 vs -1.5, seed 2 -1.0 vs -4.5,
+                                        # old rules -1.5 vs -0.5 / -1.5. It was off after build D (no warm-up, no
+                                        # selection): at 4, seed 0 lost -3.5 current / -6.5 old rules
     memory_rl_tasks: int = 16           # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # At 32 without memory anchors (demo seed 0, build D) the candidate gained
