@@ -182,9 +182,9 @@ def ablate(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[set[
     out = set(gone)
     now = first = play(out)
     decisions: list[dict[str, Any]] = []
-    for it in sorted(items, key=lambda it: (it.created_at, it.id)):
+    for it in sorted((it for it in items if it.id not in out), key=lambda it: (it.created_at, it.id)):
         recalled = [i for i, xs in enumerate(shown(hits, out, k)) if it.id in {x.id for x in xs}]
-        if it.id in out or not recalled:
+        if not recalled:
             continue
         without = play(out | {it.id})
         handled = sum(without[i] for i in recalled) / len(recalled)
