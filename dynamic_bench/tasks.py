@@ -189,6 +189,45 @@ def boundary_tasks(task: Task, rng: random.Random, n: int, spread: float = 0.25)
     return out
 
 
+def changed_tasks(task: Task, rng: random.Random, n: int) -> list[Task]:
+    """Up to `n` distinct tasks like `task` (same split, rules and request, gold answers recomputed),
+    each with one whole-number fact of its database set to a value where the rules in force answer
+    otherwise than the shown rules or a rule set in force before: the band a shifted threshold swept
+    (a refund amount between the old and the new escalation threshold). Facts take turns, in `rng`'s
+    order, each value drawn from its band; an empty list where no rule changed.
+
+    Why: `boundary_tasks` sets facts on the edges and `neighbour_tasks` moves them a little, so the
+    middle of a band is seen only by chance. Build E's seed-1 demo: the promoted policy refunded
+    in-window refunds of 153 and 185, between the escalation thresholds 150 (new) and 200 (old),
+    with "refunds over 150 must now be escalated" in its prompt (stop 45)."""
+    d, task = get_domain(task.domain), complete_task(task)
+    p = task.params
+    older = [r for r in [p["shown_rules"], *(r for _, r in p["prior_rules"])] if r != p["rules"]]
+    if not older or n <= 0:
+        return []
+    top = max(v for rules in [p["rules"], *older] for _, v in _int_facts(rules)) + 1
+
+    def changed(path: tuple, value: int) -> bool:
+        params = {**p, "db": _set_fact(p["db"], path, value)}
+        now = d.solve(params, p["rules"])
+        return any(d.solve(params, r) != now for r in older)
+
+    bands = {path: [v for v in range(1, top + 1) if v != fact and changed(path, v)]
+             for path, fact in sorted(_int_facts(p["db"]), key=repr)}
+    bands = {path: values for path, values in bands.items() if values}
+    out: list[Task] = []
+    for _ in range(20 * n):  # a drawn value may fall in the other split or repeat one drawn before
+        if len(out) == n or not bands:
+            break
+        for path in rng.sample(sorted(bands, key=repr), len(bands)):
+            if len(out) == n:
+                break
+            params = {**p, "db": _set_fact(p["db"], path, rng.choice(bands[path]))}
+            if split_of(params) == task.split and all(params["db"] != t.params["db"] for t in out):
+                out.append(_with_facts(task, d, params, rng))
+    return out
+
+
 def _with_facts(task: Task, d: Domain, params: dict, rng: random.Random) -> Task:
     """`task` with `params` (other facts), a fresh id and the gold answer those facts get."""
     return task.model_copy(update={"id": f"{d.name}-{task.split}-{rng.getrandbits(48):012x}", "params": params,

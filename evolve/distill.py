@@ -13,7 +13,8 @@ tenant's tasks are played with that tenant's memory only. With `CycleConfig.dist
 each task only memory solved brings tasks whose facts lie around its own (`neighbour_tasks`), played
 the same way: they straddle the threshold the shift moved, so the rows show where the new rule stops;
 with `CycleConfig.distill_boundary`, also tasks with one fact right on a threshold or one past it
-(`boundary_tasks`), where a rule learned only roughly goes wrong.
+(`boundary_tasks`), where a rule learned only roughly goes wrong; with `CycleConfig.distill_changed`,
+tasks with one fact inside the band a shifted threshold swept (`changed_tasks`).
 The tasks memory was recalled for and still failed go to RL with their notes shown
 (`unsolved_with_memory`, `CycleConfig.memory_rl_tasks`).
 """
@@ -50,9 +51,9 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     try:
         engine.load_adapter(*policy)
         notes, with_mem, bare = play(tasks)
-        if cfg.distill_neighbours or cfg.distill_boundary:  # listed first, so their anchors are the first taken
+        if cfg.distill_neighbours or cfg.distill_boundary or cfg.distill_changed:  # listed first: their anchors come first
             near = neighbours_of_distilled(tasks, with_mem, bare, cfg.distill_neighbours, cfg.seed,
-                                           cfg.distill_boundary)
+                                           cfg.distill_boundary, cfg.distill_changed)
             near_notes, near_with, near_bare = play(near) if near else ([], [], [])
             tasks, notes = near + tasks, near_notes + notes
             with_mem, bare = near_with + with_mem, near_bare + bare
@@ -81,15 +82,17 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
 
 
 def neighbours_of_distilled(tasks: list[tuple[str, Any]], with_memory: list, bare: list, k: int,
-                            seed: int, k_boundary: int = 0) -> list[tuple[str, Any]]:
-    """(tenant, task) for `k_boundary` tasks with a fact on a threshold (`boundary_tasks`), then
-    `k` neighbours (`neighbour_tasks`), of each task only memory solved."""
-    from dynamic_bench.tasks import boundary_tasks, neighbour_tasks
+                            seed: int, k_boundary: int = 0, k_changed: int = 0) -> list[tuple[str, Any]]:
+    """(tenant, task) for `k_boundary` tasks with a fact on a threshold (`boundary_tasks`), `k_changed`
+    with a fact in a band a shifted threshold swept (`changed_tasks`), then `k` neighbours
+    (`neighbour_tasks`), of each task only memory solved."""
+    from dynamic_bench.tasks import boundary_tasks, changed_tasks, neighbour_tasks
 
     rng = random.Random(f"distill-neighbours/{seed}")
     return [(tenant, near) for (tenant, t), w, b in zip(tasks, with_memory, bare, strict=True)
             if only_memory_solved(outcome(w, b))
-            for near in boundary_tasks(t, rng, k_boundary) + neighbour_tasks(t, rng, k)]
+            for near in boundary_tasks(t, rng, k_boundary) + changed_tasks(t, rng, k_changed)
+            + neighbour_tasks(t, rng, k)]
 
 
 def distilled_rows(with_memory: list, bare: list, tokenizer, anchor_ratio: float = 0.0,

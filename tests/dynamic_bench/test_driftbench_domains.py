@@ -190,6 +190,35 @@ def test_boundary_tasks_set_one_fact_on_a_threshold_or_one_past_it(name):
     assert made > 10 and straddles > 0
 
 
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_changed_tasks_set_one_fact_inside_a_band_where_the_rules_changed_the_answer(name):
+    from dynamic_bench.tasks import changed_tasks, old_rules_fail, split_of
+
+    d = get_domain(name)
+    assert all(changed_tasks(t, random.Random(0), 4) == [] for t in generate_tasks(name, 10, 5, rule_version=1))
+    moved_paths, inside, made = set(), 0, 0
+    for split in ("train", "test"):
+        for task in generate_tasks(name, 30, 5, split, rule_version=2):
+            p = task.params
+            near = changed_tasks(task, random.Random(task.id), 4)
+            assert changed_tasks(task, random.Random(task.id), 4) == near  # seeded
+            # none where no fact can change the answer (an order not delivered is denied under any rules)
+            assert len(near) <= 4 and len({json.dumps(t.params["db"], sort_keys=True) for t in near}) == len(near)
+            made += len(near)
+            thresholds = {v for r in rule_sets(p) for v in r.values() if isinstance(v, int) and not isinstance(v, bool)}
+            for t in near:
+                assert t.split == split_of(t.params) == split and t.id != task.id
+                assert {k: v for k, v in t.params.items() if k != "db"} == {k: v for k, v in p.items() if k != "db"}
+                writes, outcome = d.solve(t.params, t.params["rules"])
+                assert t.gold_checks == {"outcome": outcome, "writes": [format_action(c) for c in writes]}
+                before, after = numbers(p["db"]), numbers(t.params["db"])
+                (k,) = {k for k in before if after[k] != before[k]}  # one fact
+                moved_paths.add(k)
+                assert old_rules_fail(t)  # acting on the rules before the shift gets it wrong
+                inside += after[k] not in thresholds | {x + 1 for x in thresholds}  # not on an edge
+    assert made > 100 and len(moved_paths) > 1 and inside > 20  # facts take turns; values fill the band, not its edges
+
+
 def test_stale_agent_uses_first_version_tools_under_tool_drift():
     env = make("driftbench/telecom-v1")
     task = next(t for t in generate_tasks("telecom", 50, 0, rule_version=4) if t.params["kind"] == "suspend"

@@ -46,12 +46,12 @@ def test_rows_are_the_memory_free_steps_of_tasks_only_memory_solved(data_dir, ti
     try:
         rows, stats = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
         again, stats_again = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
-        cfg.distill_neighbours, cfg.distill_boundary = 2, 1
+        cfg.distill_neighbours, cfg.distill_boundary, cfg.distill_changed = 2, 1, 1
         _, near = memory_distillation(cfg, mem, trajs, (None, "base"), 8)
     finally:
         mem.close()
-    # neighbours (boundary tasks among them) are played after the tasks, counted apart, listed first
-    assert near["neighbour_tasks"] <= 3 * stats["memory_made_the_difference"]
+    # neighbours (boundary and changed tasks among them) are played after the tasks, counted apart, listed first
+    assert near["neighbour_tasks"] <= 4 * stats["memory_made_the_difference"]
     assert len(near["outcomes"]) == 8 + near["neighbour_tasks"]
     assert [o.get("neighbour", False) for o in near["outcomes"]] == [True] * near["neighbour_tasks"] + [False] * 8
     assert near["outcomes"][near["neighbour_tasks"]:] == stats["outcomes"]
