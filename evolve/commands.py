@@ -30,6 +30,8 @@ def cycle(
                                                    "moved a little, played the same way (0: off)."),
     distill_boundary: int = typer.Option(2, help="Per task only memory solved, so many tasks with one fact on a "
                                                  "rule's threshold or one past it, played the same way (0: off)."),
+    distill_changed: int = typer.Option(0, help="Per task only memory solved, so many tasks with one fact inside "
+                                                "the band a shifted threshold swept, played the same way (0: off)."),
     consolidate_neighbours: int = typer.Option(4, help="Per task of a memory item, so many tasks with its facts "
                                                        "moved a little, also solved without memory before the "
                                                        "item is retired (0: its own tasks only)."),
@@ -46,7 +48,8 @@ def cycle(
     cfg = CycleConfig(data_dir=str(data_dir), domain=domain, preset=preset, base_model=base_model, rl_steps=rl_steps,
                       gate_tasks=gate_tasks, tolerance=tolerance, distill_tasks=distill_tasks,
                       distill_focus=distill_focus, distill_neighbours=distill_neighbours,
-                      distill_boundary=distill_boundary, consolidate_neighbours=consolidate_neighbours,
+                      distill_boundary=distill_boundary, distill_changed=distill_changed,
+                      consolidate_neighbours=consolidate_neighbours,
                       consolidate_fresh_tasks=consolidate_fresh_tasks, seed=seed,
                       dry_run=dry_run)
     if dry_run:

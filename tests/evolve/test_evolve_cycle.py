@@ -287,6 +287,7 @@ def test_cycle_command_defaults_are_the_config_defaults():
     defaults = CycleConfig()
     options = {k: p.default.default for k, p in inspect.signature(cycle).parameters.items()}
     shared = {k: str(v) if k == "data_dir" else v for k, v in options.items() if hasattr(defaults, k)}
-    assert {"distill_focus", "distill_neighbours", "distill_boundary", "consolidate_neighbours", "consolidate_fresh_tasks",
+    assert {"distill_focus", "distill_neighbours", "distill_boundary", "distill_changed",
+            "consolidate_neighbours", "consolidate_fresh_tasks",
             "gate_tasks", "rl_steps"} <= set(shared)
     assert shared == {k: getattr(defaults, k) for k in shared}
