@@ -129,8 +129,9 @@ def fresh_figures(totals: dict[str, int] | None) -> dict[str, Any]:
 def retire_reason(d: dict[str, Any], version: str) -> str:
     """Why a decision retires its item, in words (kept on the item)."""
     if d.get("test") == "not needed":
+        others = f" and the {d['together'] - 1} others retired with it" if d.get("together") else ""
         return (f"not needed by policy {version}: on {d['fresh_tasks']} fresh tasks (recalled for "
-                f"{d['recalled_for']}) it succeeds on {d['successes_without_item']} without the item, "
+                f"{d['recalled_for']}) it succeeds on {d['successes_without_item']} without the item{others}, "
                 f"{d['successes_with_item']} with it")
     return (f"handled without memory by policy {version}: {d['successes_without_memory']}/{len(d['tasks'])} of its "
             f"tasks{' and their neighbours' if d.get('neighbours') else ''} succeeded")
@@ -173,27 +174,67 @@ def shown(hits: list[list[Any]], out: set[str], k: int) -> list[list[Any]]:
 
 def ablate(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[set[str]], list[int]],
            gone: set[str], min_success: float) -> tuple[list[dict[str, Any]], list[int], list[int]]:
-    """Greedy ablation, oldest item first: `play(out)` gives per-task outcomes (1/0) with the
-    items in `out` kept out of recall (`shown`). An item recalled for some task is retired when
-    the tasks as a whole lose nothing without it and, on those it is recalled for, the policy
-    succeeds at least `min_success` of the time without it (it handles them; a policy that fails
-    them either way keeps the note for a later one). Each item is judged with the items retired
-    before it already gone. Returns the decisions and the outcomes before and after."""
+    """Ablation: `play(out)` gives per-task outcomes (1/0) with the items in `out` kept out of
+    recall (`shown`). An item recalled for some task is retired when the tasks as a whole lose
+    nothing without it and, on those it is recalled for, the policy succeeds at least `min_success`
+    of the time without it (it handles them; a policy that fails them either way keeps the note
+    for a later one). One at a time, oldest first, each judged with the items retired before it
+    already gone; and all such items together (`together`): the latter where it succeeds as often
+    (the tenant then depends on none of them). Returns the decisions and the outcomes before and
+    after.
+
+    Why together too: a policy trained on prompts with the notes shown or with none can do worse
+    with some of them than with all or none. Build E's seed-2 demo (stop 46): each of three rule
+    notes alone cost 1-3 of 100 tasks, all three together none, so one at a time kept all three,
+    and the promoted policy served 0.938 with them on the stream after the cycle, 0.979 without.
+    And not together only: on seed 1 one at a time kept one of three notes and won 2 tasks more
+    than with all three or none."""
     out = set(gone)
     now = first = play(out)
+    judged = sorted((it for it in items if it.id not in out), key=lambda it: (it.created_at, it.id))
+    all_at_once, without_all = together(hits, k, judged, play, out, first, min_success)
     decisions: list[dict[str, Any]] = []
-    for it in sorted((it for it in items if it.id not in out), key=lambda it: (it.created_at, it.id)):
-        recalled = [i for i, xs in enumerate(shown(hits, out, k)) if it.id in {x.id for x in xs}]
+    for it in judged:
+        recalled = recalled_for(hits, out, k, it.id)
         if not recalled:
             continue
         without = play(out | {it.id})
-        handled = sum(without[i] for i in recalled) / len(recalled)
-        retire = sum(without) >= sum(now) and handled >= min_success
-        decisions.append({"item_id": it.id, "kind": it.kind, "text": it.text, "test": "not needed",
-                          "recalled_for": len(recalled), "successes_with_item": sum(now),
-                          "successes_without_item": sum(without), "success_without_item_where_recalled": handled,
-                          "retire": retire})
+        retire = sum(without) >= sum(now) and share(without, recalled) >= min_success
+        decisions.append(decision(it, recalled, now, without, retire))
         if retire:
             out.add(it.id)
             now = without
+    if all_at_once and sum(without_all) >= sum(now):
+        return all_at_once, first, without_all
     return decisions, first, now
+
+
+def together(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[set[str]], list[int]],
+             out: set[str], now: list[int], min_success: float) -> tuple[list[dict[str, Any]], list[int]]:
+    """Decisions retiring all `items` recalled for some task at once, and the outcomes without
+    them, if the tasks lose nothing without them all and each one's tasks are handled; none (empty
+    lists) otherwise, or where fewer than two items are recalled (one at a time judges those alike)."""
+    recalled = {it.id: recalled_for(hits, out, k, it.id) for it in items}
+    shown_items = [it for it in items if recalled[it.id]]
+    if len(shown_items) < 2:
+        return [], []
+    without = play(out | {it.id for it in shown_items})
+    if sum(without) < sum(now) or any(share(without, recalled[it.id]) < min_success for it in shown_items):
+        return [], []
+    return [{**decision(it, recalled[it.id], now, without, True), "together": len(shown_items)}
+            for it in shown_items], without
+
+
+def recalled_for(hits: list[list[Any]], out: set[str], k: int, item_id: str) -> list[int]:
+    """Indices of the tasks recall shows `item_id` for, with the items in `out` gone."""
+    return [i for i, xs in enumerate(shown(hits, out, k)) if item_id in {x.id for x in xs}]
+
+
+def share(outcomes: list[int], tasks: list[int]) -> float:
+    return sum(outcomes[i] for i in tasks) / len(tasks)
+
+
+def decision(it: Any, recalled: list[int], now: list[int], without: list[int], retire: bool) -> dict[str, Any]:
+    return {"item_id": it.id, "kind": it.kind, "text": it.text, "test": "not needed", "recalled_for": len(recalled),
+            "successes_with_item": sum(now), "successes_without_item": sum(without),
+            "success_without_item_where_recalled": share(without, recalled), "retire": retire}

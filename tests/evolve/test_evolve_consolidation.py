@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from evolve.consolidation import KINDS, ablate, candidates, consolidate
+from evolve.consolidation import KINDS, ablate, candidates, consolidate, retire_reason
 from evolve.cycle import CycleConfig
 from evolve.mining import mine_items
 
@@ -115,6 +115,50 @@ def test_ablation_retires_notes_the_policy_does_better_or_as_well_without_and_ke
     # items already gone are neither judged nor shown
     decisions, before, _ = ablate(hits, 2, list(items.values()), play, {items["A"].id}, 0.8)
     assert "A" not in {ids[d["item_id"]] for d in decisions} and sum(before) == 7
+
+
+def test_ablation_retires_notes_together_when_each_alone_is_missed_but_none_are_needed():
+    """A policy that succeeds with each task's notes all shown or none, and fails with some of them:
+    one at a time keeps every note; all together are retired, with the outcomes without them. And
+    where one at a time ends better than none at all, its decisions stand."""
+    from memory.models import MemoryItem
+
+    items = {n: MemoryItem(tenant="t", text=f"note {n}", created_at=i) for i, n in enumerate("PQRS")}
+    hits = [list(map(items.get, ks)) for ks in ("PQ", "PQ", "QR", "QR", "")]
+    calls: list[set[str]] = []
+
+    def play(out: set[str]) -> list[int]:
+        calls.append(set(out))
+        shown = [[i for i in hs if i.id not in out][:2] for hs in hits]
+        return [int(len(s) in (0, len(hs))) for s, hs in zip(shown, hits)]
+
+    decisions, before, after = ablate(hits, 2, list(items.values()), play, set(), 0.8)
+    assert {d["text"] for d in decisions} == {"note P", "note Q", "note R"}  # S is recalled for no task
+    assert all(d["retire"] and d["together"] == 3 for d in decisions)
+    assert before == after == [1] * 5 and len(calls) == 5  # with memory, without the three, without each
+    q = next(d for d in decisions if d["text"] == "note Q")
+    assert (q["recalled_for"], q["successes_with_item"], q["successes_without_item"]) == (4, 5, 5)
+    assert "and the 2 others retired with it" in retire_reason({**q, "fresh_tasks": 5}, "v-1")
+    # a note one task cannot do without: not all together; one at a time keeps every note here
+    hits[4] = [items["S"]]
+
+    def play_needing_s(out: set[str]) -> list[int]:
+        return play(out)[:4] + [int(items["S"].id not in out)]
+
+    decisions, before, after = ablate(hits, 2, list(items.values()), play_needing_s, set(), 0.8)
+    assert not any(d["retire"] for d in decisions) and before == after
+    assert all("together" not in d for d in decisions)
+    # ten tasks shown P and Q: 8 successes with both, 9 with Q only, 7 with P only, 8 with neither
+    hits = [[items["P"], items["Q"]]] * 10
+
+    def play_best_with_q(out: set[str]) -> list[int]:
+        n = {(True, True): 8, (False, True): 9, (True, False): 7, (False, False): 8}[
+            (items["P"].id not in out, items["Q"].id not in out)]
+        return [1] * n + [0] * (10 - n)
+
+    decisions, before, after = ablate(hits, 2, list(items.values()), play_best_with_q, set(), 0.8)
+    assert {d["text"]: d["retire"] for d in decisions} == {"note P": True, "note Q": False}
+    assert (sum(before), sum(after)) == (8, 9) and all("together" not in d for d in decisions)
 
 
 def test_consolidation_on_fresh_tasks_keeps_notes_a_failing_policy_cannot_do_without(data_dir, tiny_policy, tmp_path):
