@@ -30,7 +30,7 @@ def cycle(
                                                    "moved a little, played the same way (0: off)."),
     distill_boundary: int = typer.Option(2, help="Per task only memory solved, so many tasks with one fact on a "
                                                  "rule's threshold or one past it, played the same way (0: off)."),
-    distill_changed: int = typer.Option(0, help="Per task only memory solved, so many tasks with one fact inside "
+    distill_changed: int = typer.Option(2, help="Per task only memory solved, so many tasks with one fact inside "
                                                 "the band a shifted threshold swept, played the same way (0: off)."),
     consolidate_neighbours: int = typer.Option(4, help="Per task of a memory item, so many tasks with its facts "
                                                        "moved a little, also solved without memory before the "

@@ -75,9 +75,13 @@ class CycleConfig:
                                         # memory arm on 200 fresh tasks, seed 0 +1.0 vs -1.5, seed 2 -1.0 vs -4.5,
                                         # old rules -1.5 vs -0.5 / -1.5. It was off after build D (no warm-up, no
                                         # selection): at 4, seed 0 lost -3.5 current / -6.5 old rules
-    distill_changed: int = 0            # per task only memory solved, so many tasks with one fact inside the band a
+    distill_changed: int = 2            # per task only memory solved, so many tasks with one fact inside the band a
                                         # shifted threshold swept (dynamic_bench.tasks.changed_tasks), taken after
-                                        # the boundary tasks
+                                        # the boundary tasks. Build E demo, 2 vs 0: candidate without memory minus
+                                        # the memory arm on 200 fresh tasks, seed 1 +5.5 (stop 44, 0 and no
+                                        # boundary tasks: +1.0), seed 2 -0.5 vs -1.0; old rules seed 1 -1.5
+                                        # (stop 44: 0.0), seed 2 0.0 vs -1.5 (stop 46); +60-90 s of the demo.
+                                        # Seed 0 not run
     memory_rl_tasks: int = 16           # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # At 32 without memory anchors (demo seed 0, build D) the candidate gained
