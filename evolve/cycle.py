@@ -80,8 +80,8 @@ class CycleConfig:
                                         # the boundary tasks. Build E demo, 2 vs 0: candidate without memory minus
                                         # the memory arm on 200 fresh tasks, seed 1 +5.5 (stop 44, 0 and no
                                         # boundary tasks: +1.0), seed 2 -0.5 vs -1.0; old rules seed 1 -1.5
-                                        # (stop 44: 0.0), seed 2 0.0 vs -1.5 (stop 46); +60-90 s of the demo.
-                                        # Seed 0 not run
+                                        # (stop 44: 0.0), seed 2 0.0 vs -1.5 (stop 46); +60-90 s of the demo;
+                                        # seed 0 +1.0, old rules -1.5 (as with boundary tasks only)
     memory_rl_tasks: int = 16           # distillation tasks the policy failed with memory recalled, put in the
                                         # RL pool with those notes shown (evolve.distill.unsolved_with_memory).
                                         # At 32 without memory anchors (demo seed 0, build D) the candidate gained

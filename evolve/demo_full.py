@@ -29,7 +29,7 @@ SIZES = {  # episodes, cycle point, supervised warm-up epochs, RL steps, learnin
     # seeds 0-2 promoted with 0-1.5 points of old-rule forgetting, and without memory -1.5 / +1.0 / -4.5 points
     # from the memory arm on 200 fresh tasks (-1.5 / +3.0 / -1.0 with turns shuffled one by one); with 2 boundary
     # tasks in distillation (CycleConfig.distill_boundary) seeds 0 and 2 +1.0 / -1.0 (seed 1 not rerun); with 2 tasks
-    # inside the bands the shift swept too (distill_changed) seeds 1 and 2 +5.5 / -0.5 (seed 0 not rerun). Measured
+    # inside the bands the shift swept too (distill_changed) seeds 0-2 +1.0 / +5.5 / -0.5. Measured
     # before that batching: warm-up 1 fell 1.0 / 7.0 / 10.0 points short; warm-up 2 and 30 steps was rejected on seed 0
     "tiny": dict(episodes=16, cycle_at=0.5, warmup=2, rl_steps=1, lr=2e-4, experience=16, explore=0.2,
                  gate_tasks=4, max_turns=4, groups=2, distill=8, heldout=4, select=4, after=4, consolidate=4),

@@ -51,7 +51,7 @@ def memory_distillation(cfg, mem, trajs: list, policy: tuple[str | None, str], n
     try:
         engine.load_adapter(*policy)
         notes, with_mem, bare = play(tasks)
-        if cfg.distill_neighbours or cfg.distill_boundary or cfg.distill_changed:  # listed first: their anchors come first
+        if cfg.distill_neighbours or cfg.distill_boundary or cfg.distill_changed:  # listed first: anchors first
             near = neighbours_of_distilled(tasks, with_mem, bare, cfg.distill_neighbours, cfg.seed,
                                            cfg.distill_boundary, cfg.distill_changed)
             near_notes, near_with, near_bare = play(near) if near else ([], [], [])
