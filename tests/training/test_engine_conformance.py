@@ -187,3 +187,24 @@ def test_torch_engine_reuses_adapter_slots_exactly(tiny_policy, tiny_adapter, tm
         fresh = make_engine(f"torch:{tiny_policy}", adapter=path, version="x")
         assert [g.token_ids for g in fresh.generate(prompts, greedy)] == seen
     assert got != got_other
+
+
+@pytest.mark.parametrize("adapter", [False, True])
+def test_torch_engine_prompt_pass_scores_only_the_last_position_the_same(tiny_policy, tiny_adapter, tok, adapter):
+    """The prompt pass asks the model for the last position's logits only (`logits_to_keep`): the
+    tokens and logprobs are those of the pass that projects every position, on a left-padded
+    batch of unequal prompts, base and adapter, greedy and sampled."""
+    prompts = default_prompts(tok, 8)
+    assert len({len(p) for p in prompts}) > 1  # left padding is exercised
+    eng = make_engine(f"torch:{tiny_policy}")
+    if adapter:
+        eng.load_adapter(tiny_adapter, "v1")
+    assert eng._last_logits_only
+    runs = {}
+    for last_only in (True, False):
+        eng._last_logits_only = last_only
+        runs[last_only] = [(g.token_ids, g.logprobs) for p in (SamplingParams(max_new_tokens=12, temperature=0.0),
+                                                              SamplingParams(max_new_tokens=12, temperature=1.0, seed=3))
+                           for g in eng.generate(prompts, p)]
+    assert runs[True] == runs[False]
+    eng.close()

@@ -12,6 +12,7 @@ come back as Python lists either way. CPU runs are unchanged by it, bit for bit.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from pathlib import Path
 from typing import Sequence
@@ -70,6 +71,11 @@ class TorchEngine(Engine):
         self.pad_id = int(self.tokenizer.pad_token_id) if self.tokenizer is not None else 0
         self.max_batch_size = max_batch_size
         self.keep_adapters = keep_adapters
+        # the prompt pass needs the last position's logits only; a model that can skip the rest
+        # (`logits_to_keep`, Llama and most current HF causal LMs) saves the vocabulary projection of
+        # every other position: rollouts ~7% faster on the small policy, the same trajectories to the bit
+        # (64 fresh retail tasks, greedy; tests/training/test_engine_conformance.py checks it on the tiny one)
+        self._last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self._peft = None
         self._adapters: dict[str, tuple[str, str]] = {}  # version -> (adapter path, slot), LRU order
@@ -219,7 +225,8 @@ class TorchEngine(Engine):
         reason = ["length"] * b
         net, ctx = self._net()
         with ctx:
-            res = net(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            keep = {"logits_to_keep": 1} if self._last_logits_only else {}
+            res = net(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
             past, logits = res.past_key_values, res.logits[:, -1, :].float()
             last_pos = pos[:, -1]
             for _ in range(max_new):
