@@ -24,7 +24,7 @@ TOKENS = "demo-token-0001=demo"
 SIZES = {  # episodes, cycle point, supervised warm-up epochs, RL steps, learning rate, logged rows per step,
     # exploration, gate tasks per slice, fresh tasks for memory distillation, training held-out tasks per
     # slice, tasks per slice choosing the adapter's scale, fresh tasks after the cycle, fresh tasks for
-    # consolidation's "not needed" test. Small: warm-up 2 and 8 RL steps (14-16 min on 2 cores, of which that
+    # consolidation's "not needed" test. Small: warm-up 2 and 8 RL steps (12-13 min on 2 cores, of which that
     # test ~70 s; the warm-up ~140 s since its batches hold whole episodes, 488 s before):
     # seeds 0-2 promoted with 0-1.5 points of old-rule forgetting, and without memory -1.5 / +1.0 / -4.5 points
     # from the memory arm on 200 fresh tasks (-1.5 / +3.0 / -1.0 with turns shuffled one by one); with 2 boundary
