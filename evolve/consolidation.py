@@ -195,7 +195,7 @@ def ablate(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[set[
     all_at_once, without_all = together(hits, k, judged, play, out, first, min_success)
     decisions: list[dict[str, Any]] = []
     for it in judged:
-        recalled = recalled_for(hits, out, k, it.id)
+        recalled = recalled_for(shown(hits, out, k), it.id)
         if not recalled:
             continue
         without = play(out | {it.id})
@@ -214,7 +214,8 @@ def together(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[se
     """Decisions retiring all `items` recalled for some task at once, and the outcomes without
     them, if the tasks lose nothing without them all and each one's tasks are handled; none (empty
     lists) otherwise, or where fewer than two items are recalled (one at a time judges those alike)."""
-    recalled = {it.id: recalled_for(hits, out, k, it.id) for it in items}
+    visible = shown(hits, out, k)
+    recalled = {it.id: recalled_for(visible, it.id) for it in items}
     shown_items = [it for it in items if recalled[it.id]]
     if len(shown_items) < 2:
         return [], []
@@ -225,9 +226,9 @@ def together(hits: list[list[Any]], k: int, items: list[Any], play: Callable[[se
             for it in shown_items], without
 
 
-def recalled_for(hits: list[list[Any]], out: set[str], k: int, item_id: str) -> list[int]:
-    """Indices of the tasks recall shows `item_id` for, with the items in `out` gone."""
-    return [i for i, xs in enumerate(shown(hits, out, k)) if item_id in {x.id for x in xs}]
+def recalled_for(visible: list[list[Any]], item_id: str) -> list[int]:
+    """Indices of the tasks whose shown items (`shown`) include `item_id`."""
+    return [i for i, xs in enumerate(visible) if item_id in {x.id for x in xs}]
 
 
 def share(outcomes: list[int], tasks: list[int]) -> float:
