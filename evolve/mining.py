@@ -168,8 +168,10 @@ def experience(trajs: Iterable[Trajectory]) -> dict[str, list[dict[str, Any]]]:
                                                "action_text": s.action_text})
             elif f.kind in CORRECTION_KINDS and f.payload.get("action"):
                 corrections.append({**base, "action_text": f.payload["action"], "rejected_text": s.action_text})
-                pairs.append({**base, "chosen_text": f.payload["action"], "rejected_text": s.action_text,
-                              "rejected_token_ids": s.completion_token_ids, "source": f.kind})
+                # a takeover doing what the agent proposed is no preference (DPO margin 0, no gradient)
+                if f.payload["action"].strip() != s.action_text.strip():
+                    pairs.append({**base, "chosen_text": f.payload["action"], "rejected_text": s.action_text,
+                                  "rejected_token_ids": s.completion_token_ids, "source": f.kind})
             elif f.kind in ("reject", "respond"):
                 rejected_at.append((h, {**base, "rejected_text": s.action_text,
                                         "rejected_token_ids": s.completion_token_ids}))

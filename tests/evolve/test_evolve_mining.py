@@ -133,6 +133,18 @@ def test_experience_data_and_task_pool():
     assert ctx and ctx[-1]["rules"] != ctx[-1]["shown_rules"]  # the silent context is recorded as such
 
 
+def test_a_takeover_doing_what_the_agent_proposed_is_a_correction_but_no_preference_pair():
+    """Chosen and rejected alike give DPO a margin of exactly 0 and no gradient (the demo's seed-2
+    cycle drew 3 such pairs every step: loss ln 2, accuracy 0); the user's action still teaches."""
+    same = 'refund {"order_id":"O-4"}'
+    t = _traj(_task(3), [(same, "done")], [(0, "takeover", {"proposed": same, "action": same + " "})], "success")
+    trajs = log()
+    exp = experience(trajs + [t])
+    assert [r["action_text"] for r in exp["corrections"]] == ['escalate {"order_id":"O-2"}', same + " "]
+    assert exp["pairs"] == experience(trajs)["pairs"] and exp["pairs"]  # the takeover added none
+    assert all(p["chosen_text"].strip() != p["rejected_text"].strip() for p in exp["pairs"])
+
+
 def test_experience_does_not_depend_on_the_order_users_logged_in():
     """Concurrent users interleave the log differently each run; the training data must not move."""
     import random
